@@ -1,0 +1,129 @@
+// memory.cu: device and pinned allocation, host registration, async copies and memset.
+//
+// Rules: zero-byte allocations succeed with NULL and allocate nothing; freeing NULL is a no-op;
+// copies and memsets are asynchronous on the given stream (the caller keeps both buffers alive
+// until the stream has finished them).
+#include "common.cuh"
+
+extern "C" {
+
+cuferry_status cuferry_device_alloc(int32_t device, size_t bytes, void **ptr) {
+  CF_REQUIRE(ptr);
+  if (bytes == 0) {
+    *ptr = nullptr;
+    return CUFERRY_STATUS_SUCCESS;
+  }
+  CF_TRY(cudaSetDevice(device));
+  void *p = nullptr;
+  CF_TRY(cudaMalloc(&p, bytes));
+  *ptr = p;
+  return CUFERRY_STATUS_SUCCESS;
+}
+
+cuferry_status cuferry_device_free(int32_t device, void *ptr) {
+  if (ptr == nullptr) {
+    return CUFERRY_STATUS_SUCCESS;
+  }
+  CF_TRY(cudaSetDevice(device));
+  return cf_check(cudaFree(ptr));
+}
+
+cuferry_status cuferry_pinned_alloc(int32_t device, size_t bytes, uint32_t flags, void **ptr) {
+  CF_REQUIRE(ptr);
+  if (bytes == 0) {
+    *ptr = nullptr;
+    return CUFERRY_STATUS_SUCCESS;
+  }
+  unsigned cuda_flags = cudaHostAllocDefault;
+  if (flags & CUFERRY_PINNED_PORTABLE) cuda_flags |= cudaHostAllocPortable;
+  if (flags & CUFERRY_PINNED_MAPPED) cuda_flags |= cudaHostAllocMapped;
+  if (flags & CUFERRY_PINNED_WRITE_COMBINED) cuda_flags |= cudaHostAllocWriteCombined;
+  CF_TRY(cudaSetDevice(device));
+  void *p = nullptr;
+  CF_TRY(cudaHostAlloc(&p, bytes, cuda_flags));
+  *ptr = p;
+  return CUFERRY_STATUS_SUCCESS;
+}
+
+cuferry_status cuferry_pinned_free(void *ptr) {
+  if (ptr == nullptr) {
+    return CUFERRY_STATUS_SUCCESS;
+  }
+  return cf_check(cudaFreeHost(ptr));
+}
+
+cuferry_status cuferry_host_register(int32_t device, void *ptr, size_t bytes, uint32_t flags) {
+  CF_REQUIRE(ptr);
+  unsigned cuda_flags = cudaHostRegisterDefault;
+  if (flags & CUFERRY_REGISTER_PORTABLE) cuda_flags |= cudaHostRegisterPortable;
+  if (flags & CUFERRY_REGISTER_MAPPED) cuda_flags |= cudaHostRegisterMapped;
+  if (flags & CUFERRY_REGISTER_READ_ONLY) cuda_flags |= cudaHostRegisterReadOnly;
+  CF_TRY(cudaSetDevice(device));
+  return cf_check(cudaHostRegister(ptr, bytes, cuda_flags));
+}
+
+cuferry_status cuferry_host_unregister(void *ptr) {
+  CF_REQUIRE(ptr);
+  return cf_check(cudaHostUnregister(ptr));
+}
+
+static bool cf_copy_kind(cuferry_copy_kind kind, cudaMemcpyKind *out) {
+  switch (kind) {
+    case CUFERRY_COPY_HOST_TO_DEVICE:
+      *out = cudaMemcpyHostToDevice;
+      return true;
+    case CUFERRY_COPY_DEVICE_TO_HOST:
+      *out = cudaMemcpyDeviceToHost;
+      return true;
+    case CUFERRY_COPY_DEVICE_TO_DEVICE:
+      *out = cudaMemcpyDeviceToDevice;
+      return true;
+    case CUFERRY_COPY_HOST_TO_HOST:
+      *out = cudaMemcpyHostToHost;
+      return true;
+    case CUFERRY_COPY_DEFAULT:
+      *out = cudaMemcpyDefault;
+      return true;
+  }
+  return false;
+}
+
+cuferry_status cuferry_memcpy_async(void *dst, const void *src, size_t bytes,
+                                    cuferry_copy_kind kind, cuferry_stream stream) {
+  CF_REQUIRE(stream);
+  cudaMemcpyKind cuda_kind;
+  if (!cf_copy_kind(kind, &cuda_kind)) {
+    return CUFERRY_STATUS_BAD_ENUM;
+  }
+  if (bytes == 0) {
+    return CUFERRY_STATUS_SUCCESS;
+  }
+  CF_REQUIRE(dst);
+  CF_REQUIRE(src);
+  return cf_check(cudaMemcpyAsync(dst, src, bytes, cuda_kind, cf_stream(stream)));
+}
+
+cuferry_status cuferry_memcpy_peer_async(void *dst, int32_t dst_device, const void *src,
+                                         int32_t src_device, size_t bytes,
+                                         cuferry_stream stream) {
+  CF_REQUIRE(stream);
+  if (bytes == 0) {
+    return CUFERRY_STATUS_SUCCESS;
+  }
+  CF_REQUIRE(dst);
+  CF_REQUIRE(src);
+  return cf_check(
+      cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, cf_stream(stream)));
+}
+
+cuferry_status cuferry_memset_async(void *dst, int32_t value, size_t bytes,
+                                    cuferry_stream stream) {
+  CF_REQUIRE(stream);
+  if (bytes == 0) {
+    return CUFERRY_STATUS_SUCCESS;
+  }
+  CF_REQUIRE(dst);
+  return cf_check(cudaMemsetAsync(dst, value, bytes, cf_stream(stream)));
+}
+
+}  // extern "C"

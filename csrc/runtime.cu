@@ -1,0 +1,152 @@
+// runtime.cu: errors, versions, device queries and peer access.
+//
+// Rules: see cuferry_cuda.h. Names and strings come from static cudart and need no driver.
+#include "common.cuh"
+
+extern "C" {
+
+const char *cuferry_status_name(cuferry_status status) {
+  switch (status) {
+    case CUFERRY_STATUS_NOT_BUILT:
+      return "CUFERRY_STATUS_NOT_BUILT";
+    case CUFERRY_STATUS_NULL_ARGUMENT:
+      return "CUFERRY_STATUS_NULL_ARGUMENT";
+    case CUFERRY_STATUS_BAD_ENUM:
+      return "CUFERRY_STATUS_BAD_ENUM";
+    default:
+      break;
+  }
+  if (status < 0) {
+    return "CUFERRY_STATUS_UNKNOWN";
+  }
+  return cudaGetErrorName(static_cast<cudaError_t>(status));
+}
+
+const char *cuferry_status_string(cuferry_status status) {
+  switch (status) {
+    case CUFERRY_STATUS_NOT_BUILT:
+      return "cuferry was built without nvcc";
+    case CUFERRY_STATUS_NULL_ARGUMENT:
+      return "a required pointer argument was NULL";
+    case CUFERRY_STATUS_BAD_ENUM:
+      return "an enum argument was out of range";
+    default:
+      break;
+  }
+  if (status < 0) {
+    return "unknown cuferry status";
+  }
+  return cudaGetErrorString(static_cast<cudaError_t>(status));
+}
+
+cuferry_status cuferry_take_last_error(void) {
+  return static_cast<cuferry_status>(cudaGetLastError());
+}
+
+cuferry_status cuferry_runtime_version(int32_t *version) {
+  CF_REQUIRE(version);
+  int v = 0;
+  CF_TRY(cudaRuntimeGetVersion(&v));
+  *version = v;
+  return CUFERRY_STATUS_SUCCESS;
+}
+
+cuferry_status cuferry_driver_version(int32_t *version) {
+  CF_REQUIRE(version);
+  int v = 0;
+  CF_TRY(cudaDriverGetVersion(&v));
+  *version = v;
+  return CUFERRY_STATUS_SUCCESS;
+}
+
+cuferry_status cuferry_device_count(int32_t *count) {
+  CF_REQUIRE(count);
+  int n = 0;
+  CF_TRY(cudaGetDeviceCount(&n));
+  *count = n;
+  return CUFERRY_STATUS_SUCCESS;
+}
+
+static cuferry_status cf_attr(int32_t *out, cudaDeviceAttr attr, int device) {
+  int v = 0;
+  CF_TRY(cudaDeviceGetAttribute(&v, attr, device));
+  *out = v;
+  return CUFERRY_STATUS_SUCCESS;
+}
+
+cuferry_status cuferry_device_properties(int32_t device, cuferry_device_props *props) {
+  CF_REQUIRE(props);
+  cudaDeviceProp prop;
+  CF_TRY(cudaGetDeviceProperties(&prop, device));
+  cuferry_device_props out = {};
+  for (size_t i = 0; i + 1 < sizeof(out.name) && i < sizeof(prop.name) && prop.name[i] != '\0'; ++i) {
+    out.name[i] = prop.name[i];
+  }
+  out.total_global_mem = prop.totalGlobalMem;
+  out.compute_major = prop.major;
+  out.compute_minor = prop.minor;
+  out.multiprocessor_count = prop.multiProcessorCount;
+  out.l2_cache_size = prop.l2CacheSize;
+  out.pci_domain_id = prop.pciDomainID;
+  out.pci_bus_id = prop.pciBusID;
+  out.pci_device_id = prop.pciDeviceID;
+  out.integrated = prop.integrated;
+  struct {
+    int32_t *field;
+    cudaDeviceAttr attr;
+  } attrs[] = {
+      {&out.async_engine_count, cudaDevAttrAsyncEngineCount},
+      {&out.unified_addressing, cudaDevAttrUnifiedAddressing},
+      {&out.managed_memory, cudaDevAttrManagedMemory},
+      {&out.concurrent_managed_access, cudaDevAttrConcurrentManagedAccess},
+      {&out.pageable_memory_access, cudaDevAttrPageableMemoryAccess},
+      {&out.memory_pools_supported, cudaDevAttrMemoryPoolsSupported},
+      {&out.host_register_supported, cudaDevAttrHostRegisterSupported},
+      {&out.can_map_host_memory, cudaDevAttrCanMapHostMemory},
+  };
+  for (auto &a : attrs) {
+    cuferry_status s = cf_attr(a.field, a.attr, device);
+    if (s != CUFERRY_STATUS_SUCCESS) {
+      return s;
+    }
+  }
+  *props = out;
+  return CUFERRY_STATUS_SUCCESS;
+}
+
+cuferry_status cuferry_device_mem_info(int32_t device, size_t *free_bytes, size_t *total_bytes) {
+  CF_REQUIRE(free_bytes);
+  CF_REQUIRE(total_bytes);
+  CF_TRY(cudaSetDevice(device));
+  size_t f = 0, t = 0;
+  CF_TRY(cudaMemGetInfo(&f, &t));
+  *free_bytes = f;
+  *total_bytes = t;
+  return CUFERRY_STATUS_SUCCESS;
+}
+
+cuferry_status cuferry_device_synchronize(int32_t device) {
+  CF_TRY(cudaSetDevice(device));
+  CF_TRY(cudaDeviceSynchronize());
+  return CUFERRY_STATUS_SUCCESS;
+}
+
+cuferry_status cuferry_device_can_access_peer(int32_t device, int32_t peer, int32_t *can_access) {
+  CF_REQUIRE(can_access);
+  int v = 0;
+  CF_TRY(cudaDeviceCanAccessPeer(&v, device, peer));
+  *can_access = v;
+  return CUFERRY_STATUS_SUCCESS;
+}
+
+cuferry_status cuferry_device_enable_peer_access(int32_t device, int32_t peer) {
+  CF_TRY(cudaSetDevice(device));
+  cudaError_t err = cudaDeviceEnablePeerAccess(peer, 0);
+  if (err == cudaErrorPeerAccessAlreadyEnabled) {
+    (void)cudaGetLastError();
+    return CUFERRY_STATUS_SUCCESS;
+  }
+  return cf_check(err);
+}
+
+}  // extern "C"

@@ -1,0 +1,116 @@
+//! The `cuferry` command-line tool.
+//!
+//! Rules: `cuferry info` always succeeds on a machine without a GPU, driver or CUDA build: it
+//! then reports the host backend and the reason CUDA is absent. A failure to read a device
+//! that does exist is reported on that device's line and makes the exit code non-zero.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use cuferry::{Device, Error};
+
+/// Moves data on and between NVIDIA GPUs.
+#[derive(Parser)]
+#[command(name = "cuferry", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Devices, memory, CUDA runtime and driver versions, or why only the host backend runs.
+    Info,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Info => info(),
+    }
+}
+
+fn gib(bytes: usize) -> String {
+    format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+fn info() -> ExitCode {
+    println!("cuferry {}", env!("CARGO_PKG_VERSION"));
+    println!("build: {}", cuferry::cuda_build_note());
+    if !cuferry::cuda_built() {
+        println!("backend: host only (CUDA support was not compiled in)");
+        return ExitCode::SUCCESS;
+    }
+    match cuferry::cuda_runtime_version() {
+        Ok(v) => println!("CUDA runtime: {v}"),
+        Err(e) => println!("CUDA runtime: unknown ({e})"),
+    }
+    match cuferry::cuda_driver_version() {
+        Ok(Some(v)) => println!("CUDA driver: {v}"),
+        Ok(None) => println!("CUDA driver: none installed"),
+        Err(e) => println!("CUDA driver: unknown ({e})"),
+    }
+    let count = match Device::try_cuda_count() {
+        Ok(n) => n,
+        Err(e @ (Error::NoDriver { .. } | Error::NoDevice { .. } | Error::Unsupported { .. })) => {
+            println!("backend: host only ({e})");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            println!("backend: host only (device count failed: {e})");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!("backend: CUDA, {count} device(s), plus the host backend");
+    let mut ok = true;
+    for i in 0..count {
+        let dev = Device::Cuda(i);
+        match dev.properties() {
+            Ok(p) => {
+                let mem = dev.memory_info().map(|m| format!("{} free of {}", gib(m.free), gib(m.total)));
+                println!(
+                    "{dev}: {} | sm_{}{} | {} SMs | L2 {} MiB | PCI {} | {} copy engine(s)",
+                    p.name,
+                    p.compute_capability.0,
+                    p.compute_capability.1,
+                    p.multiprocessor_count,
+                    p.l2_cache_bytes >> 20,
+                    p.pci_bus_id,
+                    p.async_engine_count
+                );
+                println!("  memory: {}", mem.unwrap_or_else(|e| format!("unknown ({e})")));
+                println!(
+                    "  managed memory: {} | concurrent managed access: {} | pageable access: {} | \
+                     memory pools: {} | host register: {}",
+                    p.managed_memory,
+                    p.concurrent_managed_access,
+                    p.pageable_memory_access,
+                    p.memory_pools_supported,
+                    p.host_register_supported
+                );
+            }
+            Err(e) => {
+                ok = false;
+                println!("{dev}: properties unavailable: {e}");
+            }
+        }
+    }
+    if count > 1 {
+        println!("peer access (row can access column):");
+        for a in 0..count {
+            let row: Vec<&str> = (0..count)
+                .map(|b| match cuferry::can_access_peer(Device::Cuda(a), Device::Cuda(b)) {
+                    Ok(true) => "yes",
+                    Ok(false) => "no",
+                    Err(_) => "?",
+                })
+                .collect();
+            println!("  cuda:{a}: {}", row.join(" "));
+        }
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}

@@ -1,0 +1,214 @@
+//! Asynchronous copies between any two kinds of memory, in every direction.
+//!
+//! Rules:
+//! - A copy is queued on a stream and returns at once; it runs after the work queued on that
+//!   stream before it, and after every earlier operation on either buffer (buffers track their
+//!   uses, see [`crate::memory`]).
+//! - The direction comes from the two buffers' [`MemoryKind`]s and the stream's device:
+//!   - a host stream copies between host-accessible memory only (`memcpy` on its worker);
+//!   - a CUDA stream copies host <-> its device, within its device, between its device and
+//!     another (peer: `cudaMemcpyPeerAsync`, staged by the driver when P2P is off), and host
+//!     to host.
+//! - Ranges are checked before anything is queued; a copy of zero elements queues nothing.
+//!
+//! # Examples
+//!
+//! ```
+//! use cuferry::{copy_range, CopyDirection, Device, DeviceBuffer, Stream};
+//! let stream = Stream::new(Device::Host)?;
+//! let src = DeviceBuffer::from_slice(&stream, &[1u8, 2, 3, 4])?;
+//! let mut dst = DeviceBuffer::<u8>::zeroed(&stream, 4)?;
+//! let dir = copy_range(&stream, &src, 1, &mut dst, 0, 3)?;
+//! assert_eq!(dir, CopyDirection::DeviceToDevice);
+//! assert_eq!(dst.to_vec(&stream)?, vec![2, 3, 4, 0]);
+//! # Ok::<(), cuferry::Error>(())
+//! ```
+
+use crate::cuda::memory::{self as raw, CopyKind};
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::memory::tracker::UseTracker;
+use crate::memory::{Element, Memory, MemoryKind};
+use crate::stream::{Stream, StreamBackend};
+
+/// Which way a copy went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CopyDirection {
+    /// Host memory to host memory.
+    HostToHost,
+    /// Host memory to a CUDA device.
+    HostToDevice,
+    /// A CUDA device to host memory.
+    DeviceToHost,
+    /// Within one device's memory (on the host backend: between two host-backend buffers).
+    DeviceToDevice,
+    /// From one CUDA device to another.
+    Peer,
+}
+
+/// Copies all of `src` into `dst` on `stream`. See the [module docs](self) for the rules.
+///
+/// # Errors
+///
+/// [`Error::InvalidArgument`] when the lengths differ or the stream cannot reach one of the
+/// buffers; CUDA errors of the copy.
+pub fn copy<T, S, D>(stream: &Stream, src: &S, dst: &mut D) -> Result<CopyDirection>
+where
+    T: Element,
+    S: Memory<T> + ?Sized,
+    D: Memory<T> + ?Sized,
+{
+    if src.len() != dst.len() {
+        return Err(Error::invalid(format!(
+            "copy length mismatch: source has {} elements, destination {}",
+            src.len(),
+            dst.len()
+        )));
+    }
+    copy_range(stream, src, 0, dst, 0, src.len())
+}
+
+/// Copies `len` elements from `src[src_offset..]` into `dst[dst_offset..]` on `stream`.
+///
+/// # Errors
+///
+/// [`Error::InvalidArgument`] when a range is out of bounds or the stream cannot reach one of
+/// the buffers; CUDA errors of the copy.
+pub fn copy_range<T, S, D>(
+    stream: &Stream,
+    src: &S,
+    src_offset: usize,
+    dst: &mut D,
+    dst_offset: usize,
+    len: usize,
+) -> Result<CopyDirection>
+where
+    T: Element,
+    S: Memory<T> + ?Sized,
+    D: Memory<T> + ?Sized,
+{
+    check_range("source", src_offset, len, src.len())?;
+    check_range("destination", dst_offset, len, dst.len())?;
+    let direction = direction(stream.device(), src.kind(), dst.kind())?;
+    if len == 0 {
+        return Ok(direction);
+    }
+    let size = std::mem::size_of::<T>();
+    let (s, d) = (src.raw_parts(), dst.raw_parts());
+    let bytes = len * size;
+    debug_assert!((src_offset + len) * size <= s.bytes && (dst_offset + len) * size <= d.bytes);
+    // In bounds (checked above), so the offsets stay inside the allocations.
+    let src_ptr = s.ptr.wrapping_add(src_offset * size);
+    let dst_ptr = d.ptr.wrapping_add(dst_offset * size);
+    UseTracker::use_on(stream, &[s.tracker, d.tracker], || {
+        enqueue(stream, direction, (src.kind(), src_ptr), (dst.kind(), dst_ptr), bytes)
+    })?;
+    Ok(direction)
+}
+
+fn check_range(what: &str, offset: usize, len: usize, total: usize) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= total => Ok(()),
+        _ => Err(Error::invalid(format!(
+            "{what} range {offset}..{offset}+{len} is out of bounds for {total} elements"
+        ))),
+    }
+}
+
+/// Picks the direction of a copy, or says why the stream cannot do it.
+fn direction(stream_device: Device, src: MemoryKind, dst: MemoryKind) -> Result<CopyDirection> {
+    let cuda_of = |k: MemoryKind| match k {
+        MemoryKind::Device(Device::Cuda(i)) => Some(i),
+        _ => None,
+    };
+    match stream_device {
+        Device::Host => {
+            for k in [src, dst] {
+                if !k.host_accessible() {
+                    return Err(Error::invalid(format!(
+                        "a host stream cannot reach {k:?} memory; queue the copy on a stream of that device"
+                    )));
+                }
+            }
+            let both_device = matches!((src, dst), (MemoryKind::Device(_), MemoryKind::Device(_)));
+            Ok(if both_device { CopyDirection::DeviceToDevice } else { CopyDirection::HostToHost })
+        }
+        Device::Cuda(s) => {
+            let dir = match (cuda_of(src), cuda_of(dst)) {
+                (None, None) => return Ok(CopyDirection::HostToHost),
+                (None, Some(_)) => CopyDirection::HostToDevice,
+                (Some(_), None) => CopyDirection::DeviceToHost,
+                (Some(a), Some(b)) if a == b => CopyDirection::DeviceToDevice,
+                (Some(_), Some(_)) => CopyDirection::Peer,
+            };
+            let involved = [cuda_of(src), cuda_of(dst)];
+            if !involved.contains(&Some(s)) {
+                return Err(Error::invalid(format!(
+                    "a stream of cuda:{s} cannot copy between {src:?} and {dst:?}; use a stream of a device involved"
+                )));
+            }
+            Ok(dir)
+        }
+    }
+}
+
+/// Queues the bytes on the stream's backend.
+fn enqueue(
+    stream: &Stream,
+    direction: CopyDirection,
+    (src_kind, src): (MemoryKind, *mut u8),
+    (dst_kind, dst): (MemoryKind, *mut u8),
+    bytes: usize,
+) -> Result<()> {
+    match stream.backend() {
+        StreamBackend::Host(q) => {
+            let job = HostCopy { src, dst, bytes };
+            q.submit(Box::new(move || {
+                job.run();
+                Ok(())
+            }))
+        }
+        StreamBackend::Cuda(s) => {
+            let kind = match direction {
+                CopyDirection::HostToHost => CopyKind::HostToHost,
+                CopyDirection::HostToDevice => CopyKind::HostToDevice,
+                CopyDirection::DeviceToHost => CopyKind::DeviceToHost,
+                CopyDirection::DeviceToDevice => CopyKind::DeviceToDevice,
+                CopyDirection::Peer => {
+                    let (MemoryKind::Device(Device::Cuda(sd)), MemoryKind::Device(Device::Cuda(dd))) =
+                        (src_kind, dst_kind)
+                    else {
+                        return Err(Error::invalid("peer copy between non-CUDA memory"));
+                    };
+                    // SAFETY: both ranges are in bounds of live device buffers whose trackers
+                    // record this copy, so they are not freed before it runs.
+                    return unsafe { raw::memcpy_peer_async(dst.cast(), dd, src.cast(), sd, bytes, s.raw) };
+                }
+            };
+            // SAFETY: both ranges are in bounds of live buffers whose trackers record this
+            // copy, so they are neither freed nor touched by the host before it runs.
+            unsafe { raw::memcpy_async(dst.cast(), src.cast(), bytes, kind, s.raw) }
+        }
+    }
+}
+
+/// A host-backend copy, carried to the worker thread.
+#[derive(Clone, Copy)]
+struct HostCopy {
+    src: *const u8,
+    dst: *mut u8,
+    bytes: usize,
+}
+
+// SAFETY: the pointers name buffers kept alive (and unaliased by the host) by their trackers
+// until the job has run; moving the addresses to the worker thread is what the protocol is for.
+unsafe impl Send for HostCopy {}
+
+impl HostCopy {
+    fn run(self) {
+        // SAFETY: both ranges are in bounds of live host-accessible buffers whose trackers
+        // record this copy (so they outlive it), and they do not overlap: the destination is
+        // borrowed mutably while the source is borrowed shared, so they are distinct buffers.
+        unsafe { std::ptr::copy_nonoverlapping(self.src, self.dst, self.bytes) };
+    }
+}

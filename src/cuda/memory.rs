@@ -1,0 +1,138 @@
+//! Allocation, registration and copy calls (memory.cu).
+
+use std::os::raw::c_void;
+
+use super::{check, ordinal, stream::RawStream};
+use crate::error::Result;
+use crate::sys;
+
+/// Direction of a CUDA copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CopyKind {
+    HostToDevice,
+    DeviceToHost,
+    DeviceToDevice,
+    HostToHost,
+}
+
+impl CopyKind {
+    fn raw(self) -> sys::cuferry_copy_kind {
+        match self {
+            CopyKind::HostToDevice => sys::cuferry_copy_kind_CUFERRY_COPY_HOST_TO_DEVICE,
+            CopyKind::DeviceToHost => sys::cuferry_copy_kind_CUFERRY_COPY_DEVICE_TO_HOST,
+            CopyKind::DeviceToDevice => sys::cuferry_copy_kind_CUFERRY_COPY_DEVICE_TO_DEVICE,
+            CopyKind::HostToHost => sys::cuferry_copy_kind_CUFERRY_COPY_HOST_TO_HOST,
+        }
+    }
+}
+
+/// `cudaMalloc`; `bytes == 0` gives a null pointer.
+pub(crate) fn device_alloc(device: u32, bytes: usize) -> Result<*mut c_void> {
+    let dev = ordinal(device)?;
+    let mut p = std::ptr::null_mut();
+    // SAFETY: `p` is a valid out-pointer for the duration of the call.
+    check("cudaMalloc", unsafe { sys::cuferry_device_alloc(dev, bytes, &mut p) })?;
+    Ok(p)
+}
+
+/// `cudaFree`.
+///
+/// # Safety
+///
+/// 1. `ptr` came from [`device_alloc`] on `device` (or is null) and no queued work uses it.
+pub(crate) unsafe fn device_free(device: u32, ptr: *mut c_void) -> Result<()> {
+    let dev = ordinal(device)?;
+    // SAFETY: precondition 1.
+    check("cudaFree", unsafe { sys::cuferry_device_free(dev, ptr) })
+}
+
+/// `cudaHostAlloc` with `CUFERRY_PINNED_*` flags; `bytes == 0` gives a null pointer.
+pub(crate) fn pinned_alloc(device: u32, bytes: usize, flags: u32) -> Result<*mut c_void> {
+    let dev = ordinal(device)?;
+    let mut p = std::ptr::null_mut();
+    // SAFETY: `p` is a valid out-pointer for the duration of the call.
+    check("cudaHostAlloc", unsafe { sys::cuferry_pinned_alloc(dev, bytes, flags, &mut p) })?;
+    Ok(p)
+}
+
+/// `cudaFreeHost`.
+///
+/// # Safety
+///
+/// 1. `ptr` came from [`pinned_alloc`] (or is null) and no queued work uses it.
+pub(crate) unsafe fn pinned_free(ptr: *mut c_void) -> Result<()> {
+    // SAFETY: precondition 1.
+    check("cudaFreeHost", unsafe { sys::cuferry_pinned_free(ptr) })
+}
+
+/// `cudaHostRegister` with `CUFERRY_REGISTER_*` flags.
+///
+/// # Safety
+///
+/// 1. `ptr..ptr+bytes` is one live host allocation that stays alive until [`host_unregister`].
+pub(crate) unsafe fn host_register(device: u32, ptr: *mut c_void, bytes: usize, flags: u32) -> Result<()> {
+    let dev = ordinal(device)?;
+    // SAFETY: precondition 1.
+    check("cudaHostRegister", unsafe { sys::cuferry_host_register(dev, ptr, bytes, flags) })
+}
+
+/// `cudaHostUnregister`.
+///
+/// # Safety
+///
+/// 1. `ptr` was registered by [`host_register`] and no queued work uses it.
+pub(crate) unsafe fn host_unregister(ptr: *mut c_void) -> Result<()> {
+    // SAFETY: precondition 1.
+    check("cudaHostUnregister", unsafe { sys::cuferry_host_unregister(ptr) })
+}
+
+/// `cudaMemcpyAsync`.
+///
+/// # Safety
+///
+/// 1. `src..src+bytes` and `dst..dst+bytes` are valid for `kind` and **stay alive and
+///    untouched by others until the stream has run the copy** (it is asynchronous).
+pub(crate) unsafe fn memcpy_async(
+    dst: *mut c_void,
+    src: *const c_void,
+    bytes: usize,
+    kind: CopyKind,
+    stream: RawStream,
+) -> Result<()> {
+    // SAFETY: precondition 1; the stream handle is live.
+    check("cudaMemcpyAsync", unsafe { sys::cuferry_memcpy_async(dst, src, bytes, kind.raw(), stream.0) })
+}
+
+/// `cudaMemcpyPeerAsync`.
+///
+/// # Safety
+///
+/// 1. Both ranges are device memory of the named devices and **stay alive until the stream has
+///    run the copy** (it is asynchronous).
+pub(crate) unsafe fn memcpy_peer_async(
+    dst: *mut c_void,
+    dst_device: u32,
+    src: *const c_void,
+    src_device: u32,
+    bytes: usize,
+    stream: RawStream,
+) -> Result<()> {
+    let (dd, sd) = (ordinal(dst_device)?, ordinal(src_device)?);
+    // SAFETY: precondition 1; the stream handle is live.
+    check("cudaMemcpyPeerAsync", unsafe { sys::cuferry_memcpy_peer_async(dst, dd, src, sd, bytes, stream.0) })
+}
+
+/// `cudaMemsetAsync`.
+///
+/// # Safety
+///
+/// 1. `dst..dst+bytes` is device memory that **stays alive until the stream has run the set**.
+pub(crate) unsafe fn memset_async(
+    dst: *mut c_void,
+    value: u8,
+    bytes: usize,
+    stream: RawStream,
+) -> Result<()> {
+    // SAFETY: precondition 1; the stream handle is live.
+    check("cudaMemsetAsync", unsafe { sys::cuferry_memset_async(dst, i32::from(value), bytes, stream.0) })
+}

@@ -1,0 +1,339 @@
+//! Devices: where memory lives and streams run.
+//!
+//! Rules:
+//! - [`Device::Host`] is the portable backend: ordinary host memory, streams served by worker
+//!   threads. It exists on every machine.
+//! - [`Device::Cuda`] names a CUDA ordinal. Nothing is checked when the value is made; the first
+//!   operation on it reports a typed error when CUDA is not built in, there is no driver
+//!   ([`Error::NoDriver`]), no device ([`Error::NoDevice`]) or no such ordinal.
+//! - [`Device::cuda_count`] never fails: it is 0 whenever CUDA cannot be used, and
+//!   [`Device::try_cuda_count`] says why.
+//! - Peer access is probed, never assumed: [`can_access_peer`] asks the driver.
+
+use std::fmt;
+
+use crate::cuda;
+use crate::error::{Error, Result};
+use crate::stream::Stream;
+
+/// A place where memory lives and work runs.
+///
+/// # Examples
+///
+/// ```
+/// use cuferry::Device;
+/// assert_eq!(Device::Host.to_string(), "host");
+/// assert_eq!(Device::Cuda(1).to_string(), "cuda:1");
+/// assert!(Device::Host.is_host());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Device {
+    /// The host backend: host memory and worker-thread streams.
+    Host,
+    /// A CUDA device by ordinal.
+    Cuda(u32),
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Host => write!(f, "host"),
+            Device::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+impl Device {
+    /// Whether this is [`Device::Host`].
+    pub fn is_host(self) -> bool {
+        matches!(self, Device::Host)
+    }
+
+    /// The CUDA ordinal, or `None` for the host.
+    pub fn cuda_ordinal(self) -> Option<u32> {
+        match self {
+            Device::Host => None,
+            Device::Cuda(i) => Some(i),
+        }
+    }
+
+    /// The number of usable CUDA devices: 0 when CUDA is not built in, there is no driver or
+    /// no device.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let n = cuferry::Device::cuda_count();
+    /// assert!(n == 0 || cuferry::Device::try_cuda_count().is_ok());
+    /// ```
+    pub fn cuda_count() -> u32 {
+        Self::try_cuda_count().unwrap_or(0)
+    }
+
+    /// The number of CUDA devices, or why there are none usable.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] when cuferry was built without nvcc, [`Error::NoDriver`] without
+    /// a driver, [`Error::NoDevice`] when the driver sees no device.
+    pub fn try_cuda_count() -> Result<u32> {
+        cuda::device::count()
+    }
+
+    /// Checks that `self` can be used: always for the host, and for a CUDA ordinal when it is
+    /// below [`Device::try_cuda_count`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Device::try_cuda_count`], and [`Error::InvalidArgument`] for an ordinal past the
+    /// last device.
+    pub fn check_available(self) -> Result<()> {
+        match self {
+            Device::Host => Ok(()),
+            Device::Cuda(i) => {
+                let n = Self::try_cuda_count()?;
+                if i < n {
+                    Ok(())
+                } else {
+                    Err(Error::invalid(format!("{self} does not exist: {n} CUDA device(s) present")))
+                }
+            }
+        }
+    }
+
+    /// The properties of a CUDA device.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] for [`Device::Host`]; CUDA errors as for
+    /// [`Device::try_cuda_count`], or `cudaErrorInvalidDevice` for a bad ordinal.
+    pub fn properties(self) -> Result<DeviceProperties> {
+        let Device::Cuda(i) = self else {
+            return Err(Error::unsupported("device properties exist for CUDA devices only"));
+        };
+        let p = cuda::device::properties(i)?;
+        let name_bytes: Vec<u8> = p.name.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+        let flag = |v: i32| v != 0;
+        Ok(DeviceProperties {
+            ordinal: i,
+            name: String::from_utf8_lossy(&name_bytes).into_owned(),
+            total_memory: p.total_global_mem,
+            compute_capability: (p.compute_major, p.compute_minor),
+            multiprocessor_count: p.multiprocessor_count,
+            l2_cache_bytes: p.l2_cache_size,
+            pci_bus_id: format!("{:04x}:{:02x}:{:02x}.0", p.pci_domain_id, p.pci_bus_id, p.pci_device_id),
+            async_engine_count: p.async_engine_count,
+            unified_addressing: flag(p.unified_addressing),
+            managed_memory: flag(p.managed_memory),
+            concurrent_managed_access: flag(p.concurrent_managed_access),
+            pageable_memory_access: flag(p.pageable_memory_access),
+            memory_pools_supported: flag(p.memory_pools_supported),
+            host_register_supported: flag(p.host_register_supported),
+            can_map_host_memory: flag(p.can_map_host_memory),
+            integrated: flag(p.integrated),
+        })
+    }
+
+    /// Free and total memory of a CUDA device in bytes.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] for [`Device::Host`]; CUDA errors otherwise.
+    pub fn memory_info(self) -> Result<MemoryInfo> {
+        let Device::Cuda(i) = self else {
+            return Err(Error::unsupported("memory_info exists for CUDA devices only"));
+        };
+        let (free, total) = cuda::device::mem_info(i)?;
+        Ok(MemoryInfo { free, total })
+    }
+}
+
+/// What a CUDA device is and can do (capabilities are probed from the driver).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceProperties {
+    /// The CUDA ordinal.
+    pub ordinal: u32,
+    /// The marketing name, e.g. "NVIDIA H100 80GB HBM3".
+    pub name: String,
+    /// Global memory in bytes.
+    pub total_memory: usize,
+    /// (major, minor), e.g. (9, 0) for Hopper.
+    pub compute_capability: (i32, i32),
+    /// Streaming multiprocessors.
+    pub multiprocessor_count: i32,
+    /// L2 cache size in bytes.
+    pub l2_cache_bytes: i32,
+    /// PCI address, `domain:bus:device.0`.
+    pub pci_bus_id: String,
+    /// Copy engines; 2 or more let H2D and D2H overlap.
+    pub async_engine_count: i32,
+    /// Unified virtual addressing.
+    pub unified_addressing: bool,
+    /// `cudaMallocManaged` works.
+    pub managed_memory: bool,
+    /// Managed memory may be touched by host and device at once; prefetch and advise need it.
+    pub concurrent_managed_access: bool,
+    /// The device can read pageable host memory directly.
+    pub pageable_memory_access: bool,
+    /// Stream-ordered memory pools.
+    pub memory_pools_supported: bool,
+    /// `cudaHostRegister` works.
+    pub host_register_supported: bool,
+    /// Pinned host memory can be mapped into the device's address space.
+    pub can_map_host_memory: bool,
+    /// The GPU shares memory with the host.
+    pub integrated: bool,
+}
+
+/// Free and total bytes of a device's memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryInfo {
+    /// Bytes free now.
+    pub free: usize,
+    /// Bytes in all.
+    pub total: usize,
+}
+
+/// A CUDA version number split as CUDA encodes it (1000 * major + 10 * minor).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct CudaVersion {
+    /// Major version, e.g. 13.
+    pub major: i32,
+    /// Minor version, e.g. 0.
+    pub minor: i32,
+}
+
+impl CudaVersion {
+    fn from_encoded(v: i32) -> Self {
+        CudaVersion { major: v / 1000, minor: (v % 1000) / 10 }
+    }
+}
+
+impl fmt::Display for CudaVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+/// The CUDA runtime version cuferry was linked with.
+///
+/// # Errors
+///
+/// [`Error::Unsupported`] when cuferry was built without nvcc.
+pub fn cuda_runtime_version() -> Result<CudaVersion> {
+    cuda::device::runtime_version().map(CudaVersion::from_encoded)
+}
+
+/// The CUDA version of the installed driver, `None` when no driver is installed.
+///
+/// # Errors
+///
+/// [`Error::Unsupported`] when cuferry was built without nvcc.
+pub fn cuda_driver_version() -> Result<Option<CudaVersion>> {
+    let v = cuda::device::driver_version()?;
+    Ok((v > 0).then(|| CudaVersion::from_encoded(v)))
+}
+
+/// Whether cuferry was compiled with its CUDA library (nvcc was found at build time).
+pub fn cuda_built() -> bool {
+    cuda::is_built()
+}
+
+/// How the CUDA part was built: the nvcc used, or why there is none.
+///
+/// # Examples
+///
+/// ```
+/// assert!(!cuferry::cuda_build_note().is_empty());
+/// ```
+pub fn cuda_build_note() -> &'static str {
+    cuda::NOT_BUILT_REASON
+}
+
+/// Whether `device` can read and write `peer`'s memory directly. A device and itself: true.
+/// Any pair involving the host: false (host memory is reached by copies, not peer access).
+///
+/// # Errors
+///
+/// CUDA errors for bad ordinals or a missing driver.
+pub fn can_access_peer(device: Device, peer: Device) -> Result<bool> {
+    match (device, peer) {
+        (Device::Cuda(a), Device::Cuda(b)) if a == b => Ok(true),
+        (Device::Cuda(a), Device::Cuda(b)) => cuda::device::can_access_peer(a, b),
+        _ => Ok(false),
+    }
+}
+
+/// Lets `device` access `peer`'s memory directly (one direction). Enabling twice, or for a
+/// device and itself, is a success.
+///
+/// # Errors
+///
+/// [`Error::Unsupported`] when a host device is named or the pair cannot use peer access
+/// (check [`can_access_peer`] first); CUDA errors otherwise.
+pub fn enable_peer_access(device: Device, peer: Device) -> Result<()> {
+    match (device, peer) {
+        (Device::Cuda(a), Device::Cuda(b)) if a == b => Ok(()),
+        (Device::Cuda(a), Device::Cuda(b)) => {
+            if !cuda::device::can_access_peer(a, b)? {
+                return Err(Error::unsupported(format!("{device} cannot access {peer}'s memory (no P2P)")));
+            }
+            cuda::device::enable_peer_access(a, b)
+        }
+        _ => {
+            Err(Error::unsupported(format!("peer access between {device} and {peer}: host memory has none")))
+        }
+    }
+}
+
+/// A device together with the streams used for work on it: one for computation, and
+/// optionally one dedicated to transfers to or from it (the seed's `DeviceSpec`).
+///
+/// # Examples
+///
+/// ```
+/// use cuferry::{Device, DeviceSpec};
+/// let spec = DeviceSpec::new(Device::Host)?;
+/// assert_eq!(spec.device, Device::Host);
+/// assert_eq!(spec.compute_stream.device(), Device::Host);
+/// assert!(spec.transfer_stream.is_none());
+/// # Ok::<(), cuferry::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct DeviceSpec {
+    /// Where the work runs.
+    pub device: Device,
+    /// The stream computation on this device is queued on.
+    pub compute_stream: Stream,
+    /// The stream transfers to or from this device use, when one was chosen.
+    pub transfer_stream: Option<Stream>,
+}
+
+impl DeviceSpec {
+    /// A spec for `device` with a new compute stream and no transfer stream.
+    ///
+    /// # Errors
+    ///
+    /// As [`Stream::new`].
+    pub fn new(device: Device) -> Result<Self> {
+        Ok(DeviceSpec { device, compute_stream: Stream::new(device)?, transfer_stream: None })
+    }
+
+    /// A spec for `device` with the given streams.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when a stream belongs to another device.
+    pub fn with_streams(
+        device: Device,
+        compute_stream: Stream,
+        transfer_stream: Option<Stream>,
+    ) -> Result<Self> {
+        for s in std::iter::once(&compute_stream).chain(transfer_stream.as_ref()) {
+            if s.device() != device {
+                return Err(Error::invalid(format!("a stream of {} given for {device}", s.device())));
+            }
+        }
+        Ok(DeviceSpec { device, compute_stream, transfer_stream })
+    }
+}

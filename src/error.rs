@@ -1,0 +1,101 @@
+//! The crate's one error type.
+//!
+//! Rules:
+//! - Every fallible function returns [`Result`]; nothing panics on bad input.
+//! - A failed CUDA call becomes [`Error::Cuda`] carrying the call's name and the CUDA error name,
+//!   read from static cudart at the failure site, so `Display` never calls CUDA. CUDA errors 35
+//!   (insufficient driver) and 100 (no device) become [`Error::NoDriver`] and
+//!   [`Error::NoDevice`]; a build without nvcc reports [`Error::Unsupported`].
+//! - `Drop` never panics. A failure while freeing is kept (the first one) and handed back by
+//!   [`take_drop_error`] and by the next [`Stream::synchronize`](crate::Stream::synchronize).
+
+use std::sync::Mutex;
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in cuferry.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Error {
+    /// A CUDA runtime call failed.
+    #[error("{call} failed with {name} ({code}): {description}")]
+    Cuda {
+        /// The CUDA (or cuferry C ABI) call that failed, e.g. `cudaMalloc`.
+        call: &'static str,
+        /// The numeric `cudaError_t`.
+        code: i32,
+        /// CUDA's name for the code, e.g. `cudaErrorMemoryAllocation`.
+        name: &'static str,
+        /// CUDA's description of the code.
+        description: &'static str,
+    },
+    /// No NVIDIA driver is loaded, or it is older than the CUDA runtime cuferry was built with.
+    #[error("{call}: no usable NVIDIA driver (cudaErrorInsufficientDriver)")]
+    NoDriver {
+        /// The call that found out.
+        call: &'static str,
+    },
+    /// The driver is there but reports no CUDA device.
+    #[error("{call}: no CUDA device is present (cudaErrorNoDevice)")]
+    NoDevice {
+        /// The call that found out.
+        call: &'static str,
+    },
+    /// The operation is not available here: CUDA not compiled in, a device capability missing,
+    /// or a backend that cannot do it.
+    #[error("unsupported: {what}")]
+    Unsupported {
+        /// What is missing, naming the capability or build setting.
+        what: String,
+    },
+    /// An argument was rejected before any work was queued.
+    #[error("invalid argument: {what}")]
+    InvalidArgument {
+        /// What was wrong with it.
+        what: String,
+    },
+    /// A host function queued on a stream panicked; the stream kept running.
+    #[error("a host function on a stream panicked: {message}")]
+    HostFnPanicked {
+        /// The panic message, when it was a string.
+        message: String,
+    },
+    /// Freeing a resource in `Drop` failed earlier; reported at the next checked call.
+    #[error("an earlier drop failed: {0}")]
+    DropFailed(Box<Error>),
+}
+
+impl Error {
+    /// Shorthand for [`Error::InvalidArgument`].
+    pub(crate) fn invalid(what: impl Into<String>) -> Self {
+        Error::InvalidArgument { what: what.into() }
+    }
+
+    /// Shorthand for [`Error::Unsupported`].
+    pub(crate) fn unsupported(what: impl Into<String>) -> Self {
+        Error::Unsupported { what: what.into() }
+    }
+}
+
+/// The first failure seen while dropping a resource, waiting to be reported.
+static DROP_ERROR: Mutex<Option<Error>> = Mutex::new(None);
+
+/// Keeps `err` (if it is the first) for [`take_drop_error`]; used by `Drop` impls.
+pub(crate) fn record_drop_error(err: Error) {
+    if let Ok(mut slot) = DROP_ERROR.lock() {
+        slot.get_or_insert(err);
+    }
+}
+
+/// Returns, and clears, the first error that happened while dropping a stream, event or buffer
+/// since the last call. `Drop` cannot return errors, so they wait here.
+///
+/// # Examples
+///
+/// ```
+/// // Nothing has failed in this process.
+/// assert!(cuferry::take_drop_error().is_none());
+/// ```
+pub fn take_drop_error() -> Option<Error> {
+    DROP_ERROR.lock().ok().and_then(|mut slot| slot.take())
+}

@@ -1,0 +1,55 @@
+//! cuferry moves data on and between NVIDIA GPUs: RAII streams and events, device, pinned and
+//! registered host memory, and asynchronous copies in every direction (host to device, device
+//! to host, within a device, between devices).
+//!
+//! Every capability works on two backends behind one API:
+//! - [`Device::Cuda`]: cuferry's CUDA library (csrc/, compiled by nvcc at build time);
+//! - [`Device::Host`]: ordinary memory and streams served by worker threads, with the same
+//!   ordering rules, so the asynchronous protocols run and are tested without a GPU.
+//!
+//! Rules that hold everywhere:
+//! - Every fallible call returns [`Result`]; a missing driver or device is a typed [`Error`],
+//!   never a panic. A build without nvcc still compiles and runs the host backend; CUDA calls
+//!   then report [`Error::Unsupported`].
+//! - Work on a [`Stream`] runs in order; [`Event`]s order streams against each other.
+//! - Buffers remember their queued uses: operations on one buffer run in the order queued, host
+//!   access waits for them, and dropping a buffer waits before freeing. `Drop` never panics.
+//!
+//! # Examples
+//!
+//! A round trip through "device" memory on whatever is available:
+//!
+//! ```
+//! use cuferry::{copy, Device, DeviceBuffer, PinnedBuffer, Stream};
+//!
+//! let device = if cuferry::Device::cuda_count() > 0 { Device::Cuda(0) } else { Device::Host };
+//! let stream = Stream::new(device)?;
+//! let src = PinnedBuffer::from_slice(device, &[1.0f32, 2.0, 3.0])?;
+//! let mut dev = DeviceBuffer::<f32>::zeroed(&stream, 3)?;
+//! let mut back = PinnedBuffer::<f32>::zeroed(device, 3)?;
+//! copy(&stream, &src, &mut dev)?;
+//! copy(&stream, &dev, &mut back)?;
+//! assert_eq!(back.as_slice()?, &[1.0, 2.0, 3.0]);
+//! # Ok::<(), cuferry::Error>(())
+//! ```
+#![warn(missing_docs, unsafe_op_in_unsafe_fn)]
+
+pub mod copy;
+mod cuda;
+pub mod device;
+mod error;
+pub mod event;
+pub mod memory;
+pub mod stream;
+#[doc(hidden)]
+pub mod sys;
+
+pub use copy::{copy, copy_range, CopyDirection};
+pub use device::{
+    can_access_peer, cuda_build_note, cuda_built, cuda_driver_version, cuda_runtime_version,
+    enable_peer_access, CudaVersion, Device, DeviceProperties, DeviceSpec, MemoryInfo,
+};
+pub use error::{take_drop_error, Error, Result};
+pub use event::Event;
+pub use memory::{DeviceBuffer, Element, HostRegistration, Memory, MemoryKind, PinnedBuffer, PinnedOptions};
+pub use stream::Stream;

@@ -1,0 +1,97 @@
+//! Memory: device buffers, pinned host buffers and registered host memory.
+//!
+//! Rules:
+//! - Every buffer tracks its queued uses (see `tracker`): operations on one buffer run in the
+//!   order they were queued, even across streams; host access and freeing wait for them.
+//!   Dropping a buffer with copies pending is therefore safe: the drop blocks until they finish.
+//! - Host access to pinned or registered memory goes through `as_slice`/`as_mut_slice`, which
+//!   synchronise first; a queued write needs `&mut`, so the borrow checker rules out a host
+//!   read racing a copy into the same buffer.
+//! - Allocation that leaves memory uninitialised is `unsafe`; zeroed and copied-from
+//!   allocations are safe. Element types are plain data ([`Element`]).
+//! - On [`Device::Host`](crate::Device::Host) every kind of buffer is ordinary page-aligned host
+//!   memory, so the same code runs without a GPU.
+//!
+//! # Examples
+//!
+//! ```
+//! use cuferry::{copy, Device, DeviceBuffer, PinnedBuffer, Stream};
+//! let stream = Stream::new(Device::Host)?;
+//! let host = PinnedBuffer::from_slice(Device::Host, &[1u32, 2, 3])?;
+//! let mut dev = DeviceBuffer::<u32>::zeroed(&stream, 3)?;
+//! copy(&stream, &host, &mut dev)?;
+//! drop(host); // waits for the copy before freeing
+//! assert_eq!(dev.to_vec(&stream)?, vec![1, 2, 3]);
+//! # Ok::<(), cuferry::Error>(())
+//! ```
+
+pub(crate) mod allocation;
+mod device;
+pub(crate) mod pageable;
+mod pinned;
+mod registered;
+pub(crate) mod tracker;
+
+use crate::device::Device;
+pub use device::DeviceBuffer;
+pub use pinned::{PinnedBuffer, PinnedOptions};
+pub use registered::HostRegistration;
+
+/// Plain data that may be copied byte-for-byte between host and device: any
+/// [`bytemuck::Pod`] type that can cross threads.
+pub trait Element: bytemuck::Pod + Send + Sync {}
+
+impl<T: bytemuck::Pod + Send + Sync> Element for T {}
+
+/// What kind of memory a buffer holds; copies pick their direction from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MemoryKind {
+    /// Ordinary host memory (pageable): CUDA copies from it are staged by the driver.
+    Pageable,
+    /// Page-locked host memory (`cudaHostAlloc` or `cudaHostRegister`): DMA-able at link speed.
+    Pinned,
+    /// Memory of a device. For [`Device::Host`] this is ordinary host memory.
+    Device(Device),
+}
+
+impl MemoryKind {
+    /// Whether host code can read the memory (everything but CUDA device memory).
+    pub fn host_accessible(self) -> bool {
+        !matches!(self, MemoryKind::Device(Device::Cuda(_)))
+    }
+}
+
+/// Memory that copies can read from or write to: [`DeviceBuffer`], [`PinnedBuffer`] and
+/// [`HostRegistration`]. Sealed: the copy engine relies on its internals.
+pub trait Memory<T: Element>: sealed::Sealed {
+    /// Number of elements.
+    fn len(&self) -> usize;
+
+    /// Whether there are no elements.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The kind of memory.
+    fn kind(&self) -> MemoryKind;
+}
+
+pub(crate) mod sealed {
+    use super::tracker::UseTracker;
+
+    /// The raw view the copy engine works on.
+    #[doc(hidden)]
+    #[derive(Debug)]
+    pub struct RawParts<'a> {
+        pub(crate) ptr: *mut u8,
+        pub(crate) bytes: usize,
+        pub(crate) tracker: &'a UseTracker,
+    }
+
+    /// Restricts [`Memory`](super::Memory) to this crate's types.
+    pub trait Sealed {
+        /// The pointer, size and tracker of the memory.
+        #[doc(hidden)]
+        fn raw_parts(&self) -> RawParts<'_>;
+    }
+}

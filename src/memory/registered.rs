@@ -1,0 +1,167 @@
+//! `HostRegistration<T>`: caller memory page-locked in place with `cudaHostRegister`.
+//!
+//! Rules:
+//! - The registration owns the `Vec` it registers, so the memory cannot be freed or moved
+//!   while a copy is queued (a borrow could be ended early by `mem::forget`); `into_inner`
+//!   waits for queued copies, unregisters and hands the `Vec` back.
+//! - When the driver cannot register the memory (not supported, or its pages are already
+//!   registered), the memory stays pageable: copies still work, at pageable speed, and
+//!   [`HostRegistration::is_pinned`] says so. Other CUDA errors are returned.
+//! - On the host backend nothing is registered and the memory is pageable.
+//! - `Drop` waits for queued copies, then unregisters.
+
+use std::os::raw::c_void;
+
+use super::sealed::{RawParts, Sealed};
+use super::tracker::UseTracker;
+use super::{Element, Memory, MemoryKind};
+use crate::cuda::memory as raw;
+use crate::device::Device;
+use crate::error::{record_drop_error, Error, Result};
+use crate::sys;
+
+/// `cudaErrorHostMemoryAlreadyRegistered`.
+const ALREADY_REGISTERED: i32 = 712;
+/// `cudaErrorNotSupported`.
+const NOT_SUPPORTED: i32 = 801;
+
+/// Host memory, owned, registered with CUDA for fast copies when the driver allows.
+///
+/// # Examples
+///
+/// ```
+/// use cuferry::{Device, HostRegistration, Memory};
+/// let reg = HostRegistration::new(Device::Host, vec![7u16; 8])?;
+/// assert!(!reg.is_pinned()); // the host backend registers nothing
+/// assert_eq!(reg.len(), 8);
+/// assert_eq!(reg.into_inner()?, vec![7u16; 8]);
+/// # Ok::<(), cuferry::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct HostRegistration<T: Element> {
+    /// The memory; `None` only after `into_inner` took it.
+    data: Option<Vec<T>>,
+    /// Whether `cudaHostRegister` succeeded (so `cudaHostUnregister` is due).
+    pinned: bool,
+    device: Device,
+    tracker: UseTracker,
+}
+
+impl<T: Element> HostRegistration<T> {
+    /// Registers `data` for fast copies with `device`.
+    ///
+    /// # Errors
+    ///
+    /// CUDA errors of `cudaHostRegister` other than "not supported" and "already registered"
+    /// (which fall back to pageable memory).
+    pub fn new(device: Device, data: Vec<T>) -> Result<Self> {
+        let mut reg =
+            HostRegistration { data: Some(data), pinned: false, device, tracker: UseTracker::default() };
+        let (ptr, bytes) = reg.ptr_bytes();
+        if let (Device::Cuda(i), true) = (device, bytes > 0) {
+            // SAFETY: `ptr..ptr+bytes` is the Vec's heap buffer, owned by `reg` and neither
+            // freed nor moved until `release` unregisters it.
+            let flags = sys::CUFERRY_REGISTER_PORTABLE as u32;
+            match unsafe { raw::host_register(i, ptr.cast::<c_void>(), bytes, flags) } {
+                Ok(()) => reg.pinned = true,
+                Err(Error::Cuda { code: ALREADY_REGISTERED | NOT_SUPPORTED, .. }) => {}
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(reg)
+    }
+
+    fn ptr_bytes(&self) -> (*mut u8, usize) {
+        match &self.data {
+            Some(v) => (v.as_ptr().cast_mut().cast(), std::mem::size_of_val(v.as_slice())),
+            None => (std::ptr::null_mut(), 0),
+        }
+    }
+
+    /// Whether the memory is page-locked (false: pageable fallback or host backend).
+    pub fn is_pinned(&self) -> bool {
+        self.pinned
+    }
+
+    /// The device the memory was registered for.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The contents, after waiting for every queued operation on them.
+    ///
+    /// # Errors
+    ///
+    /// CUDA errors of `cudaEventSynchronize`.
+    pub fn as_slice(&self) -> Result<&[T]> {
+        self.tracker.wait_idle()?;
+        Ok(self.data.as_deref().unwrap_or(&[]))
+    }
+
+    /// The contents for writing, after waiting for every queued operation on them.
+    ///
+    /// # Errors
+    ///
+    /// CUDA errors of `cudaEventSynchronize`.
+    pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
+        self.tracker.wait_idle()?;
+        Ok(self.data.as_deref_mut().unwrap_or(&mut []))
+    }
+
+    /// Waits for queued copies, unregisters, and returns the memory.
+    ///
+    /// # Errors
+    ///
+    /// CUDA errors of `cudaEventSynchronize` or `cudaHostUnregister`; on a failed wait the
+    /// memory is leaked rather than handed back under a running copy.
+    pub fn into_inner(mut self) -> Result<Vec<T>> {
+        self.release()?;
+        Ok(self.data.take().unwrap_or_default())
+    }
+
+    /// Waits for queued uses and unregisters (once).
+    fn release(&mut self) -> Result<()> {
+        if let Err(err) = self.tracker.wait_idle() {
+            // A copy may still be running: never hand back or free the memory.
+            if let Some(v) = self.data.take() {
+                std::mem::forget(v);
+            }
+            return Err(err);
+        }
+        if std::mem::take(&mut self.pinned) {
+            let (ptr, _) = self.ptr_bytes();
+            // SAFETY: the memory was registered in `new` and no queued work uses it any more.
+            unsafe { raw::host_unregister(ptr.cast::<c_void>()) }?;
+        }
+        Ok(())
+    }
+}
+
+impl<T: Element> Drop for HostRegistration<T> {
+    fn drop(&mut self) {
+        if let Err(err) = self.release() {
+            record_drop_error(err);
+        }
+    }
+}
+
+impl<T: Element> Sealed for HostRegistration<T> {
+    fn raw_parts(&self) -> RawParts<'_> {
+        let (ptr, bytes) = self.ptr_bytes();
+        RawParts { ptr, bytes, tracker: &self.tracker }
+    }
+}
+
+impl<T: Element> Memory<T> for HostRegistration<T> {
+    fn len(&self) -> usize {
+        self.data.as_ref().map_or(0, Vec::len)
+    }
+
+    fn kind(&self) -> MemoryKind {
+        if self.pinned {
+            MemoryKind::Pinned
+        } else {
+            MemoryKind::Pageable
+        }
+    }
+}

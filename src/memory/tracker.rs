@@ -1,0 +1,97 @@
+//! Use tracking: the ordering and lifetime protocol every buffer follows.
+//!
+//! Rules:
+//! - Each buffer remembers an event recorded right after the last operation queued on it.
+//! - An operation queued on a stream other than the last one first makes that stream wait for
+//!   the remembered event, so operations on one buffer run in the order they were queued,
+//!   whichever streams they were queued on.
+//! - Before host code touches the memory, and before the memory is freed, the host waits for
+//!   the remembered event. Freeing therefore never races queued work.
+//! - The tracker's lock is held from the wait through the record, so two threads queueing on
+//!   one buffer cannot interleave between an operation and its record.
+
+use std::sync::{Mutex, MutexGuard};
+
+use crate::error::Result;
+use crate::event::Event;
+use crate::stream::Stream;
+
+/// The last queued use of one buffer.
+#[derive(Debug)]
+struct LastUse {
+    /// Recorded on `stream_id` right after the operation.
+    event: Event,
+    /// The stream the operation was queued on.
+    stream_id: u64,
+}
+
+/// Orders and tracks the asynchronous uses of one buffer.
+#[derive(Debug, Default)]
+pub(crate) struct UseTracker {
+    last: Mutex<Option<LastUse>>,
+}
+
+impl UseTracker {
+    fn lock(&self) -> MutexGuard<'_, Option<LastUse>> {
+        self.last.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues an operation on `stream` that uses every buffer in `trackers`: orders it after
+    /// their earlier uses, runs `enqueue` (which queues the operation), and records the use.
+    ///
+    /// `trackers` must not hold the same tracker twice (callers pass one per distinct buffer).
+    pub(crate) fn use_on(
+        stream: &Stream,
+        trackers: &[&UseTracker],
+        enqueue: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        let mut guards: Vec<MutexGuard<'_, Option<LastUse>>> = trackers.iter().map(|t| t.lock()).collect();
+        for last in guards.iter().filter_map(|g| g.as_ref()) {
+            if last.stream_id != stream.id() {
+                stream.wait_event(&last.event)?;
+            }
+        }
+        enqueue()?;
+        for guard in guards.iter_mut() {
+            if let Err(err) = record_use(guard, stream) {
+                // The operation is queued but untracked: wait for it here so nothing is freed
+                // under it, then report the failure.
+                let _ = stream.synchronize();
+                return Err(err);
+            }
+        }
+        Ok(())
+    }
+
+    /// Blocks until every operation queued on the buffer so far has finished.
+    pub(crate) fn wait_idle(&self) -> Result<()> {
+        match self.lock().as_ref() {
+            Some(last) => last.event.synchronize(),
+            None => Ok(()),
+        }
+    }
+
+    /// True when no queued operation on the buffer is still pending; does not block.
+    pub(crate) fn is_idle(&self) -> Result<bool> {
+        match self.lock().as_ref() {
+            Some(last) => last.event.query(),
+            None => Ok(true),
+        }
+    }
+}
+
+/// Records the use on `stream`, reusing the buffer's event when it belongs to that device.
+fn record_use(slot: &mut Option<LastUse>, stream: &Stream) -> Result<()> {
+    match slot {
+        Some(last) if last.event.device() == stream.device() => {
+            last.event.record(stream)?;
+            last.stream_id = stream.id();
+        }
+        _ => {
+            let event = Event::new(stream.device())?;
+            event.record(stream)?;
+            *slot = Some(LastUse { event, stream_id: stream.id() });
+        }
+    }
+    Ok(())
+}
