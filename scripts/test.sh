@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The whole test suite, with the CUDA sources compiled by nvcc. What a new user runs, and what
+# .ci/run runs (with CUFERRY_REQUIRE_CUDA=1).
+#
+# Steps:
+#   1. install the CUDA 13.0 toolkit from PyPI into .toolkit/ when no nvcc is found;
+#   2. install libclang (Debian libclang-dev) for the bindings drift test, when root and missing;
+#   3. build and test with the toolkit hidden: the host-only build must compile and pass;
+#   4. rustfmt and clippy, then every test (unit, integration, doc) with CUDA compiled in.
+# GPU tests print SKIP here unless a CUDA device is present (CUFERRY_REQUIRE_GPU=1 makes
+# them fail instead; scripts/gpu-bundle.sh builds them for a GPU machine).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+step() { printf '\n== %s\n' "$*"; }
+
+step "CUDA toolkit"
+cuda_home=$(scripts/install-cuda-toolkit.sh | tail -n 1)
+echo "CUDA toolkit: $cuda_home"
+
+step "libclang (bindings drift test)"
+if ldconfig -p 2>/dev/null | grep -q 'libclang'; then
+  echo "libclang present"
+elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libclang-dev >/dev/null
+  echo "installed libclang-dev"
+else
+  echo "libclang missing and not root: the drift test will print SKIP"
+fi
+
+step "host-only build (toolkit hidden)"
+path_without_nvcc=$(printf '%s' "$PATH" | tr ':' '\n' | while read -r d; do
+  [ -n "$d" ] && [ ! -x "$d/nvcc" ] && printf '%s:' "$d"; done)
+env -u NVCC -u CUDA_HOME -u CUDA_PATH \
+  PATH="${path_without_nvcc%:}" CUFERRY_TOOLKIT_DIR=/nonexistent CUFERRY_REQUIRE_CUDA=0 \
+  CUFERRY_EXPECT_HOST_ONLY=1 cargo test --tests --quiet
+
+step "rustfmt and clippy"
+cargo fmt --all -- --check
+cargo clippy --all-targets --quiet -- -D warnings
+
+step "all tests with CUDA compiled in"
+cargo test

@@ -1,0 +1,71 @@
+//! Helpers shared by the integration tests.
+//!
+//! GPU gating (shared/ARCHITECTURE.md): a test that needs a CUDA device prints
+//! `SKIP: no CUDA device` and returns when none is present; with `CUFERRY_REQUIRE_GPU=1` it
+//! fails instead.
+#![allow(dead_code)]
+
+use cuferry::Device;
+
+/// The first CUDA device, or `None` after printing SKIP (panics under CUFERRY_REQUIRE_GPU=1).
+pub fn cuda_device() -> Option<Device> {
+    if Device::cuda_count() > 0 {
+        return Some(Device::Cuda(0));
+    }
+    if std::env::var("CUFERRY_REQUIRE_GPU").as_deref() == Ok("1") {
+        panic!("CUFERRY_REQUIRE_GPU=1 but no CUDA device is usable: {:?}", Device::try_cuda_count());
+    }
+    println!("SKIP: no CUDA device");
+    None
+}
+
+/// Two distinct CUDA devices, or `None` after printing SKIP (never fails: one-GPU machines are
+/// a normal configuration).
+pub fn two_cuda_devices() -> Option<(Device, Device)> {
+    if Device::cuda_count() >= 2 {
+        return Some((Device::Cuda(0), Device::Cuda(1)));
+    }
+    println!("SKIP: fewer than two CUDA devices");
+    None
+}
+
+/// A small deterministic generator (xorshift64*) so failures reproduce without extra crates.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next_u64() as u8).collect()
+    }
+
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+}
+
+/// Defines `host_<name>` and `cuda_<name>` tests that run `body(device)` on each backend.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($name:ident => $body:ident;)*) => {
+        mod host_backend {
+            $(#[test] fn $name() { super::$body(cuferry::Device::Host); })*
+        }
+        mod cuda_backend {
+            $(#[test] fn $name() {
+                if let Some(device) = $crate::common::cuda_device() { super::$body(device); }
+            })*
+        }
+    };
+}

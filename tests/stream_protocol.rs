@@ -1,0 +1,239 @@
+//! Streams and events: ordering, cross-stream waits, many streams, drop while pending, errors.
+//! Each protocol runs on the host backend and, when a GPU is present, on CUDA.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cuferry::{copy, Device, DeviceBuffer, Error, Event, PinnedBuffer, Stream};
+
+fn sleep_ms(ms: u64) {
+    std::thread::sleep(Duration::from_millis(ms));
+}
+
+/// Host functions on one stream run in the order queued, and `synchronize` waits for all.
+fn ordering(device: Device) {
+    let stream = Stream::new(device).unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    for i in 0..500 {
+        let log = Arc::clone(&log);
+        stream
+            .host_fn(move || {
+                if i % 100 == 0 {
+                    sleep_ms(2);
+                }
+                log.lock().unwrap().push(i);
+            })
+            .unwrap();
+    }
+    stream.synchronize().unwrap();
+    assert!(stream.query().unwrap());
+    assert_eq!(*log.lock().unwrap(), (0..500).collect::<Vec<_>>());
+}
+
+/// Copies and host functions interleave in queue order: a chain of copies through four
+/// buffers ends with the source data, and a host function queued between two copies sees the
+/// first one done.
+fn copies_in_order(device: Device) {
+    let stream = Stream::new(device).unwrap();
+    let data: Vec<u32> = (0..100_000).collect();
+    let src = PinnedBuffer::from_slice(device, &data).unwrap();
+    let mut a = DeviceBuffer::<u32>::zeroed(&stream, data.len()).unwrap();
+    let mut b = DeviceBuffer::<u32>::zeroed(&stream, data.len()).unwrap();
+    let mut out = PinnedBuffer::<u32>::zeroed(device, data.len()).unwrap();
+    copy(&stream, &src, &mut a).unwrap();
+    copy(&stream, &a, &mut b).unwrap();
+    copy(&stream, &b, &mut out).unwrap();
+    assert_eq!(out.as_slice().unwrap(), &data[..]);
+}
+
+/// A stream that waits on an event sees the work before the event's record done.
+fn cross_stream_event_wait(device: Device) {
+    let (a, b) = (Stream::new(device).unwrap(), Stream::new(device).unwrap());
+    let done = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(AtomicBool::new(false));
+    let d = Arc::clone(&done);
+    a.host_fn(move || {
+        sleep_ms(50);
+        d.store(true, Ordering::SeqCst);
+    })
+    .unwrap();
+    let ev = Event::new(device).unwrap();
+    ev.record(&a).unwrap();
+    b.wait_event(&ev).unwrap();
+    let (d, s) = (Arc::clone(&done), Arc::clone(&seen));
+    b.host_fn(move || s.store(d.load(Ordering::SeqCst), Ordering::SeqCst)).unwrap();
+    b.synchronize().unwrap();
+    assert!(seen.load(Ordering::SeqCst), "stream b ran before the event it waited on");
+    assert!(ev.query().unwrap());
+}
+
+/// A wait captures the record current at the call: recording the event again elsewhere (and
+/// completing that record first) must not release the waiter early.
+fn wait_captures_the_record_at_call_time(device: Device) {
+    let (a, b, c) =
+        (Stream::new(device).unwrap(), Stream::new(device).unwrap(), Stream::new(device).unwrap());
+    let done = Arc::new(AtomicBool::new(false));
+    let d = Arc::clone(&done);
+    a.host_fn(move || {
+        sleep_ms(80);
+        d.store(true, Ordering::SeqCst);
+    })
+    .unwrap();
+    let ev = Event::new(device).unwrap();
+    ev.record(&a).unwrap();
+    b.wait_event(&ev).unwrap();
+    ev.record(&c).unwrap(); // completes at once
+    c.synchronize().unwrap();
+    let seen = Arc::new(AtomicBool::new(false));
+    let (d, s) = (Arc::clone(&done), Arc::clone(&seen));
+    b.host_fn(move || s.store(d.load(Ordering::SeqCst), Ordering::SeqCst)).unwrap();
+    b.synchronize().unwrap();
+    assert!(seen.load(Ordering::SeqCst), "the waiter was released by a later record");
+}
+
+/// An event never recorded is complete; waiting on it waits for nothing.
+fn unrecorded_event_is_complete(device: Device) {
+    let stream = Stream::new(device).unwrap();
+    let ev = Event::new(device).unwrap();
+    assert!(ev.query().unwrap());
+    ev.synchronize().unwrap();
+    stream.wait_event(&ev).unwrap();
+    stream.synchronize().unwrap();
+}
+
+/// Buffers order their uses across streams without explicit events: a slow write on one
+/// stream is seen by a read queued on another.
+fn buffer_orders_uses_across_streams(device: Device) {
+    let (a, b) = (Stream::new(device).unwrap(), Stream::new(device).unwrap());
+    let data: Vec<u64> = (0..50_000).map(|i| i * 3 + 1).collect();
+    let src = PinnedBuffer::from_slice(device, &data).unwrap();
+    let mut dev = DeviceBuffer::<u64>::zeroed(&a, data.len()).unwrap();
+    a.host_fn(|| sleep_ms(50)).unwrap();
+    copy(&a, &src, &mut dev).unwrap();
+    let mut out = PinnedBuffer::<u64>::zeroed(device, data.len()).unwrap();
+    copy(&b, &dev, &mut out).unwrap();
+    assert_eq!(out.as_slice().unwrap(), &data[..]);
+}
+
+/// Many streams at once, each from its own thread, each round-tripping its own data.
+fn many_streams(device: Device) {
+    let handles: Vec<_> = (0..24u32)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let stream = Stream::new(device).unwrap();
+                let data: Vec<u32> = (0..10_000).map(|i| i ^ (t << 20)).collect();
+                let src = PinnedBuffer::from_slice(device, &data).unwrap();
+                let mut dev = DeviceBuffer::<u32>::zeroed(&stream, data.len()).unwrap();
+                let mut out = PinnedBuffer::<u32>::zeroed(device, data.len()).unwrap();
+                for _ in 0..5 {
+                    copy(&stream, &src, &mut dev).unwrap();
+                    copy(&stream, &dev, &mut out).unwrap();
+                }
+                assert_eq!(out.as_slice().unwrap(), &data[..]);
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+}
+
+/// Dropping a stream with work pending neither blocks on nor cancels the work; dropping the
+/// source buffer of a pending copy waits for the copy.
+fn drop_while_pending(device: Device) {
+    let stream = Stream::new(device).unwrap();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let r = Arc::clone(&ran);
+    stream
+        .host_fn(move || {
+            sleep_ms(60);
+            r.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+    let data: Vec<u16> = (0..40_000u32).map(|i| i as u16).collect();
+    let src = PinnedBuffer::from_slice(device, &data).unwrap();
+    let mut dev = DeviceBuffer::<u16>::zeroed(&stream, data.len()).unwrap();
+    copy(&stream, &src, &mut dev).unwrap();
+    drop(stream); // work stays queued
+    drop(src); // blocks until the copy has read it
+    assert_eq!(ran.load(Ordering::SeqCst), 1, "the source was freed before its copy ran");
+    let other = Stream::new(device).unwrap();
+    assert_eq!(dev.to_vec(&other).unwrap(), data);
+    drop(dev);
+    assert!(cuferry::take_drop_error().is_none());
+}
+
+/// A panicking host function is reported by the next synchronize; the stream keeps working.
+fn host_fn_panic_is_reported(device: Device) {
+    let stream = Stream::new(device).unwrap();
+    stream.host_fn(|| panic!("boom in a host fn")).unwrap();
+    let after = Arc::new(AtomicBool::new(false));
+    let a = Arc::clone(&after);
+    stream.host_fn(move || a.store(true, Ordering::SeqCst)).unwrap();
+    match stream.synchronize() {
+        Err(Error::HostFnPanicked { message }) => assert!(message.contains("boom"), "{message}"),
+        other => panic!("expected HostFnPanicked, got {other:?}"),
+    }
+    assert!(after.load(Ordering::SeqCst), "work after the panic did not run");
+    stream.synchronize().unwrap(); // reported once
+}
+
+/// Timing events measure queued work; misuse is a typed error.
+fn event_timing_and_misuse(device: Device) {
+    let stream = Stream::new(device).unwrap();
+    let (start, end) = (Event::with_timing(device).unwrap(), Event::with_timing(device).unwrap());
+    assert!(matches!(start.elapsed_ms(&end), Err(Error::InvalidArgument { .. }) | Err(Error::Cuda { .. })));
+    start.record(&stream).unwrap();
+    stream.host_fn(|| sleep_ms(20)).unwrap();
+    end.record(&stream).unwrap();
+    end.synchronize().unwrap();
+    let ms = start.elapsed_ms(&end).unwrap();
+    assert!(ms >= 15.0, "elapsed {ms} ms for a 20 ms host function");
+    let plain = Event::new(device).unwrap();
+    assert!(matches!(plain.elapsed_ms(&end), Err(Error::InvalidArgument { .. })));
+    // An event is recorded only on a stream of its own device.
+    let other = if device.is_host() { Device::Cuda(0) } else { Device::Host };
+    if let Ok(other_stream) = Stream::new(other) {
+        assert!(matches!(plain.record(&other_stream), Err(Error::InvalidArgument { .. })));
+    }
+}
+
+on_both_backends! {
+    ordering => ordering;
+    copies_in_order => copies_in_order;
+    cross_stream_event_wait => cross_stream_event_wait;
+    wait_captures_the_record_at_call_time => wait_captures_the_record_at_call_time;
+    unrecorded_event_is_complete => unrecorded_event_is_complete;
+    buffer_orders_uses_across_streams => buffer_orders_uses_across_streams;
+    many_streams => many_streams;
+    drop_while_pending => drop_while_pending;
+    host_fn_panic_is_reported => host_fn_panic_is_reported;
+    event_timing_and_misuse => event_timing_and_misuse;
+}
+
+/// A host stream waits on a CUDA event and a CUDA stream on a host event.
+#[test]
+fn cross_backend_waits() {
+    let Some(gpu) = common::cuda_device() else { return };
+    let (h, c) = (Stream::new(Device::Host).unwrap(), Stream::new(gpu).unwrap());
+    let done = Arc::new(AtomicBool::new(false));
+    let d = Arc::clone(&done);
+    h.host_fn(move || {
+        sleep_ms(40);
+        d.store(true, Ordering::SeqCst);
+    })
+    .unwrap();
+    let hev = Event::new(Device::Host).unwrap();
+    hev.record(&h).unwrap();
+    c.wait_event(&hev).unwrap();
+    assert!(done.load(Ordering::SeqCst));
+    let cev = Event::new(gpu).unwrap();
+    c.host_fn(|| sleep_ms(40)).unwrap();
+    cev.record(&c).unwrap();
+    h.wait_event(&cev).unwrap();
+    h.synchronize().unwrap();
+    assert!(cev.query().unwrap());
+}
