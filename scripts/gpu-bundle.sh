@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Builds every test and bench executable and the CLI with CUDA compiled in, strips them, and
+# puts them with scripts/gpu-run.sh into gpu-bundle/ (git-ignored, kept under 64 MiB), ready
+# to carry to a GPU machine that has no cargo:
+#
+#   scripts/gpu-bundle.sh                      # here
+#   gpu-bundle/run.sh [--sanitize] [--bench]   # there (the device tool: carry gpu-bundle)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+scripts/install-cuda-toolkit.sh >/dev/null
+export CUFERRY_REQUIRE_CUDA=1
+
+bundle=gpu-bundle
+rm -rf "$bundle"
+mkdir -p "$bundle/tests" "$bundle/benches" "$bundle/bin"
+
+list_executables() {
+  # Reads cargo's JSON messages; prints "kind name path" for each executable built.
+  python3 -c '
+import json, sys
+for line in sys.stdin:
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        continue
+    exe = msg.get("executable")
+    if msg.get("reason") == "compiler-artifact" and exe:
+        target = msg["target"]
+        kinds = target["kind"]
+        if "bench" in kinds:
+            print("bench", target["name"], exe)
+        elif kinds == ["bin"] and not msg["profile"]["test"]:
+            print("bin", target["name"], exe)
+        elif kinds == ["lib"]:
+            print("test", "unit-lib", exe)
+        elif kinds == ["bin"]:
+            print("test", "unit-bin-" + target["name"], exe)
+        else:
+            print("test", target["name"], exe)
+'
+}
+
+{
+  cargo test --release --no-run --message-format=json 2>/dev/null
+  cargo bench --no-run --message-format=json 2>/dev/null
+  cargo build --release --bin cuferry --message-format=json 2>/dev/null
+} | list_executables | sort -u | while read -r kind name path; do
+  case "$kind" in
+    test) dest="$bundle/tests/$name" ;;
+    bench) dest="$bundle/benches/$name" ;;
+    bin) dest="$bundle/bin/$name" ;;
+  esac
+  cp "$path" "$dest"
+  strip "$dest"
+done
+# The drift test needs the sources; it has nothing to do on a GPU.
+rm -f "$bundle/tests/sys_bindings"
+cp scripts/gpu-run.sh "$bundle/run.sh"
+chmod +x "$bundle/run.sh"
+size=$(du -sm "$bundle" | cut -f1)
+ls -l "$bundle"/*/
+echo "gpu-bundle: ${size} MiB"
+if [ "$size" -ge 64 ]; then
+  echo "gpu-bundle is over the 64 MiB the device tool carries" >&2
+  exit 1
+fi
