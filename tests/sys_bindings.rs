@@ -1,6 +1,7 @@
 //! The committed FFI (src/sys/bindings.rs) must be exactly what bindgen makes of
 //! csrc/cuferry_cuda.h. `CUFERRY_BLESS_BINDINGS=1` rewrites the file instead of comparing
-//! (scripts/gen-bindings.sh). Without libclang the test prints SKIP: scripts/test.sh installs it.
+//! (scripts/gen-bindings.sh). Without libclang the test prints SKIP (it fails instead under
+//! `CUFERRY_REQUIRE_LIBCLANG=1`, which scripts/test.sh sets once it has installed libclang).
 
 use std::path::PathBuf;
 
@@ -36,6 +37,10 @@ fn bindings_match_header() {
         Ok(Ok(text)) => text,
         Ok(Err(err)) => panic!("bindgen failed on {header_str}: {err}"),
         Err(_) => {
+            assert!(
+                std::env::var("CUFERRY_REQUIRE_LIBCLANG").as_deref() != Ok("1"),
+                "CUFERRY_REQUIRE_LIBCLANG=1 but bindgen could not load libclang"
+            );
             println!("SKIP: libclang not found; install libclang-dev (scripts/test.sh does)");
             return;
         }

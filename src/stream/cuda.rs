@@ -76,6 +76,11 @@ struct HostFnPayload {
 }
 
 /// Runs one queued host function; called once by CUDA.
+///
+/// # Safety
+///
+/// 1. `data` came from `Box::into_raw` of a `HostFnPayload` in `CudaStream::host_fn`, and this
+///    is the only call made with it.
 unsafe extern "C" fn run_host_fn(data: *mut c_void) {
     // SAFETY: `data` came from `Box::into_raw` in `CudaStream::host_fn` and CUDA calls this
     // function exactly once per successful launch.
