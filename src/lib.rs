@@ -39,7 +39,9 @@ mod cuda;
 pub mod device;
 mod error;
 pub mod event;
+pub mod halo;
 pub mod memory;
+pub mod ring;
 pub mod stream;
 #[doc(hidden)]
 pub mod sys;

@@ -11,6 +11,7 @@
 
 pub(crate) mod device;
 pub(crate) mod event;
+pub(crate) mod halo;
 pub(crate) mod memory;
 pub(crate) mod stream;
 

@@ -1,0 +1,1 @@
+//! C ABI calls of the halo kernels (csrc/halo.cu).

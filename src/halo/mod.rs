@@ -1,0 +1,1 @@
+//! Halo pack/unpack: many arrays into one buffer (work in progress).
