@@ -27,6 +27,7 @@
 use crate::cuda::memory::{self as raw, CopyKind};
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::memory::sealed::RawParts;
 use crate::memory::tracker::UseTracker;
 use crate::memory::{Element, Memory, MemoryKind};
 use crate::stream::{Stream, StreamBackend};
@@ -89,19 +90,43 @@ where
 {
     check_range("source", src_offset, len, src.len())?;
     check_range("destination", dst_offset, len, dst.len())?;
-    let direction = direction(stream.device(), src.kind(), dst.kind())?;
-    if len == 0 {
-        return Ok(direction);
-    }
     let size = std::mem::size_of::<T>();
     let (s, d) = (src.raw_parts(), dst.raw_parts());
-    let bytes = len * size;
     debug_assert!((src_offset + len) * size <= s.bytes && (dst_offset + len) * size <= d.bytes);
-    // In bounds (checked above), so the offsets stay inside the allocations.
-    let src_ptr = s.ptr.wrapping_add(src_offset * size);
-    let dst_ptr = d.ptr.wrapping_add(dst_offset * size);
+    // SAFETY: `dst` is borrowed mutably, so no one else writes it; the ranges were checked.
+    unsafe {
+        copy_bytes(
+            stream,
+            (src.kind(), &s, src_offset * size),
+            (dst.kind(), &d, dst_offset * size),
+            len * size,
+        )
+    }
+}
+
+/// Queues a copy of `bytes` bytes between two tracked memories (offsets in bytes) and records
+/// the use on both; the crate-internal core of [`copy_range`].
+///
+/// # Safety
+///
+/// 1. Both byte ranges are inside their memories.
+/// 2. Nothing else writes the destination range while the copy is queued or running, except
+///    through operations ordered by its tracker (the caller holds exclusive access, as
+///    `&mut` does for [`copy_range`], or a protocol such as the slot ring's guarantees it).
+pub(crate) unsafe fn copy_bytes(
+    stream: &Stream,
+    (src_kind, s, src_offset): (MemoryKind, &RawParts<'_>, usize),
+    (dst_kind, d, dst_offset): (MemoryKind, &RawParts<'_>, usize),
+    bytes: usize,
+) -> Result<CopyDirection> {
+    let direction = direction(stream.device(), src_kind, dst_kind)?;
+    if bytes == 0 {
+        return Ok(direction);
+    }
+    let src_ptr = s.ptr.wrapping_add(src_offset);
+    let dst_ptr = d.ptr.wrapping_add(dst_offset);
     UseTracker::use_on(stream, &[s.tracker, d.tracker], || {
-        enqueue(stream, direction, (src.kind(), src_ptr), (dst.kind(), dst_ptr), bytes)
+        enqueue(stream, direction, (src_kind, src_ptr), (dst_kind, dst_ptr), bytes)
     })?;
     Ok(direction)
 }

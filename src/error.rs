@@ -60,6 +60,27 @@ pub enum Error {
         /// The panic message, when it was a string.
         message: String,
     },
+    /// A non-blocking call found nothing to take right now (no free slot, nothing ready); try
+    /// again later.
+    #[error("would block: {what}")]
+    WouldBlock {
+        /// What was not available.
+        what: &'static str,
+    },
+    /// A blocking call with a deadline gave up.
+    #[error("timed out after {waited:?}: {what}")]
+    Timeout {
+        /// What was waited for.
+        what: &'static str,
+        /// How long it waited.
+        waited: std::time::Duration,
+    },
+    /// The object was closed; with the error that closed it, when one did.
+    #[error("closed{}", match reason { Some(r) => format!(" by an error: {r}"), None => String::new() })]
+    Closed {
+        /// The error that closed it, if it was closed by a failure rather than on purpose.
+        reason: Option<Box<Error>>,
+    },
     /// Freeing a resource in `Drop` failed earlier; reported at the next checked call.
     #[error("an earlier drop failed: {0}")]
     DropFailed(Box<Error>),

@@ -108,6 +108,15 @@ impl<T: Element> HostRegistration<T> {
         Ok(self.data.as_deref_mut().unwrap_or(&mut []))
     }
 
+    /// Blocks until every operation queued on the memory has finished.
+    ///
+    /// # Errors
+    ///
+    /// CUDA errors of `cudaEventSynchronize`.
+    pub fn synchronize(&self) -> Result<()> {
+        self.tracker.wait_idle()
+    }
+
     /// Waits for queued copies, unregisters, and returns the memory.
     ///
     /// # Errors

@@ -1,0 +1,445 @@
+//! Transfer backends: the slots and the copy engine under a [`SlotRing`](super::SlotRing).
+//!
+//! Rules:
+//! - A backend owns host slots (pinned by `cudaHostAlloc`, or caller memory registered slot by
+//!   slot with `cudaHostRegister`, falling back to pageable when the driver refuses) and device
+//!   slots, and one copy stream on which every upload is queued.
+//! - "Upload done" for a host slot is the slot's own use tracker: the host waits on it before
+//!   the slot is rewritten ([`TransferBackend::wait_host_slot`]).
+//! - "Ready" for a device slot is an event recorded right after its upload.
+//! - "Consumed" for a device slot is recorded on the consumer's stream at release; the next
+//!   upload into that slot is queued behind it on the device (no host wait), so a device slot
+//!   is overwritten only after everything the consumer queued before releasing it.
+//! - [`StreamTransferBackend`] runs on both devices: on CUDA with a CUDA copy stream and pinned
+//!   slots; on the host with a worker-thread stream and ordinary memory, the same protocol.
+
+use std::time::{Duration, Instant};
+
+use crate::copy::copy_bytes;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::event::Event;
+use crate::memory::sealed::Sealed;
+use crate::memory::tracker::UseTracker;
+use crate::memory::{DeviceBuffer, HostRegistration, Memory, MemoryKind, PinnedBuffer};
+use crate::stream::Stream;
+
+/// Which kind of device a backend serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeviceFamily {
+    /// The host backend.
+    Host,
+    /// A CUDA device.
+    Cuda,
+}
+
+/// What a backend can do (the seed's capability flags).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TransferCapabilities {
+    /// The device family.
+    pub device_family: DeviceFamily,
+    /// The kind of memory of the host slots (pageable when none were registered or pinned).
+    pub host_memory_kind: MemoryKind,
+    /// Whether every host slot is page-locked.
+    pub host_pinned: bool,
+    /// Whether `submit_upload` returns before the copy has run.
+    pub supports_async_submit: bool,
+    /// Whether uploads can be timed on the device.
+    pub supports_timing_events: bool,
+}
+
+/// The operations a [`SlotRing`](super::SlotRing) needs from a transfer backend. Slot indices
+/// are `0..host_slot_count()` and `0..device_slot_count()`.
+pub trait TransferBackend: Send + Sync {
+    /// What the backend can do.
+    fn capabilities(&self) -> TransferCapabilities;
+
+    /// The device uploads go to.
+    fn device(&self) -> Device;
+
+    /// Allocates `count` host slots of `bytes` each (pinned where the backend can), replacing
+    /// any earlier host slots.
+    ///
+    /// # Errors
+    ///
+    /// Allocation failures.
+    fn allocate_host_slots(&mut self, count: usize, bytes: usize) -> Result<()>;
+
+    /// Uses caller memory as host slots, one slot per `Vec`, each registered (page-locked)
+    /// where the driver allows and pageable otherwise; replaces any earlier host slots.
+    ///
+    /// # Errors
+    ///
+    /// CUDA errors of `cudaHostRegister` other than "unsupported"/"already registered".
+    fn register_host_slots(&mut self, slots: Vec<Vec<u8>>) -> Result<()>;
+
+    /// Allocates `count` device slots of `bytes` each, replacing any earlier device slots.
+    ///
+    /// # Errors
+    ///
+    /// Allocation failures.
+    fn allocate_device_slots(&mut self, count: usize, bytes: usize) -> Result<()>;
+
+    /// Number of host slots.
+    fn host_slot_count(&self) -> usize;
+
+    /// Number of device slots.
+    fn device_slot_count(&self) -> usize;
+
+    /// Bytes of the smallest slot, host and device alike: the most one upload can carry.
+    fn slot_bytes(&self) -> usize;
+
+    /// The bytes of a host slot, for the producer to fill.
+    ///
+    /// # Safety
+    ///
+    /// 1. The caller has exclusive use of host slot `host` (no other slice of it exists and no
+    ///    other thread fills it) until the returned slice is dropped.
+    /// 2. The slot's last upload has finished ([`TransferBackend::wait_host_slot`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for an index out of range.
+    #[allow(clippy::mut_from_ref)] // exclusivity is the caller's contract (Safety, 1)
+    unsafe fn host_slot_mut(&self, host: usize) -> Result<&mut [u8]>;
+
+    /// Blocks until the last upload from host slot `host` has finished.
+    ///
+    /// # Errors
+    ///
+    /// Index out of range; CUDA errors of the wait.
+    fn wait_host_slot(&self, host: usize) -> Result<()>;
+
+    /// Queues the upload of the first `bytes` bytes of host slot `host` into device slot
+    /// `device`, ordered after the device slot's consumed point, and records the ready event.
+    /// Returns the host time the submission took.
+    ///
+    /// # Safety
+    ///
+    /// 1. The caller has exclusive use of both slots: nothing fills `host` until
+    ///    [`TransferBackend::wait_host_slot`] says the upload finished, and no consumer holds
+    ///    `device` (it was released, or never handed out).
+    ///
+    /// # Errors
+    ///
+    /// Indices or size out of range; CUDA errors of the copy or event record.
+    unsafe fn submit_upload(&self, host: usize, device: usize, bytes: usize) -> Result<Duration>;
+
+    /// Device milliseconds of the last upload into `device`, when timing is on and it finished.
+    ///
+    /// # Errors
+    ///
+    /// Index out of range; CUDA errors of the timing query.
+    fn upload_device_ms(&self, device: usize) -> Result<Option<f32>>;
+
+    /// True when the last upload into `device` has finished; does not block.
+    ///
+    /// # Errors
+    ///
+    /// Index out of range; CUDA errors of the query.
+    fn ready_query(&self, device: usize) -> Result<bool>;
+
+    /// Blocks until the last upload into `device` has finished.
+    ///
+    /// # Errors
+    ///
+    /// Index out of range; CUDA errors of the wait.
+    fn synchronize_ready(&self, device: usize) -> Result<()>;
+
+    /// Makes work queued on `stream` after this call wait for the last upload into `device`.
+    ///
+    /// # Errors
+    ///
+    /// Index out of range; CUDA errors of the wait.
+    fn wait_stream_for_ready(&self, device: usize, stream: &Stream) -> Result<()>;
+
+    /// Records that the consumer is done with `device` once `stream` reaches this point (the
+    /// consumed event); the next upload into it waits for that on the device.
+    ///
+    /// # Errors
+    ///
+    /// Index out of range; CUDA errors of the record.
+    fn release(&self, device: usize, stream: &Stream) -> Result<()>;
+
+    /// The memory of device slot `device`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for an index out of range.
+    fn device_slot(&self, device: usize) -> Result<&DeviceBuffer<u8>>;
+
+    /// Waits for every queued upload; the backend stays usable.
+    ///
+    /// # Errors
+    ///
+    /// CUDA errors of the wait.
+    fn close(&self) -> Result<()>;
+}
+
+/// One host slot's memory.
+#[derive(Debug)]
+enum HostSlot {
+    Pinned(PinnedBuffer<u8>),
+    Registered(HostRegistration<u8>),
+}
+
+impl HostSlot {
+    fn len(&self) -> usize {
+        match self {
+            HostSlot::Pinned(b) => b.len(),
+            HostSlot::Registered(r) => r.len(),
+        }
+    }
+
+    fn kind(&self) -> MemoryKind {
+        match self {
+            HostSlot::Pinned(b) => b.kind(),
+            HostSlot::Registered(r) => r.kind(),
+        }
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        match self {
+            HostSlot::Pinned(b) => b.synchronize(),
+            HostSlot::Registered(r) => r.synchronize(),
+        }
+    }
+
+    fn parts(&self) -> crate::memory::sealed::RawParts<'_> {
+        match self {
+            HostSlot::Pinned(b) => b.raw_parts(),
+            HostSlot::Registered(r) => r.raw_parts(),
+        }
+    }
+}
+
+/// One device slot: its memory, the event recorded after its last upload, and optional timing.
+#[derive(Debug)]
+struct DeviceSlot {
+    buffer: DeviceBuffer<u8>,
+    ready: Event,
+    timing: Option<(Event, Event)>,
+}
+
+/// The transfer backend for both devices, built on cuferry's streams, events and copies. See
+/// the [module docs](self).
+///
+/// # Examples
+///
+/// ```
+/// use cuferry::ring::{DeviceFamily, StreamTransferBackend, TransferBackend};
+/// use cuferry::{Device, Stream};
+///
+/// let mut backend = StreamTransferBackend::new(Device::Host, false)?;
+/// backend.allocate_host_slots(2, 1024)?;
+/// backend.allocate_device_slots(2, 1024)?;
+/// assert_eq!(backend.capabilities().device_family, DeviceFamily::Host);
+/// // SAFETY: nothing else uses the slots in this example.
+/// unsafe {
+///     backend.host_slot_mut(0)?.fill(9);
+///     backend.submit_upload(0, 1, 1024)?;
+/// }
+/// backend.synchronize_ready(1)?;
+/// let stream = Stream::new(Device::Host)?;
+/// assert_eq!(backend.device_slot(1)?.to_vec(&stream)?, vec![9u8; 1024]);
+/// # Ok::<(), cuferry::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct StreamTransferBackend {
+    device: Device,
+    copy_stream: Stream,
+    timing: bool,
+    host_slots: Vec<HostSlot>,
+    device_slots: Vec<DeviceSlot>,
+}
+
+impl StreamTransferBackend {
+    /// A backend for `device` with its own copy stream and no slots yet; `timing` adds a pair
+    /// of timing events per device slot.
+    ///
+    /// # Errors
+    ///
+    /// As [`Stream::new`].
+    pub fn new(device: Device, timing: bool) -> Result<Self> {
+        Ok(StreamTransferBackend {
+            device,
+            copy_stream: Stream::new(device)?,
+            timing,
+            host_slots: Vec::new(),
+            device_slots: Vec::new(),
+        })
+    }
+
+    /// The stream uploads are queued on.
+    pub fn copy_stream(&self) -> &Stream {
+        &self.copy_stream
+    }
+
+    fn host(&self, i: usize) -> Result<&HostSlot> {
+        self.host_slots
+            .get(i)
+            .ok_or_else(|| Error::invalid(format!("host slot {i} of {}", self.host_slots.len())))
+    }
+
+    fn dev(&self, i: usize) -> Result<&DeviceSlot> {
+        self.device_slots
+            .get(i)
+            .ok_or_else(|| Error::invalid(format!("device slot {i} of {}", self.device_slots.len())))
+    }
+}
+
+impl TransferBackend for StreamTransferBackend {
+    fn capabilities(&self) -> TransferCapabilities {
+        let host_memory_kind = self.host_slots.first().map_or(MemoryKind::Pageable, HostSlot::kind);
+        let host_pinned =
+            !self.host_slots.is_empty() && self.host_slots.iter().all(|s| s.kind() == MemoryKind::Pinned);
+        TransferCapabilities {
+            device_family: if self.device.is_host() { DeviceFamily::Host } else { DeviceFamily::Cuda },
+            host_memory_kind,
+            host_pinned,
+            supports_async_submit: true,
+            supports_timing_events: self.timing,
+        }
+    }
+
+    fn device(&self) -> Device {
+        self.device
+    }
+
+    fn allocate_host_slots(&mut self, count: usize, bytes: usize) -> Result<()> {
+        let slots = (0..count)
+            .map(|_| PinnedBuffer::zeroed(self.device, bytes).map(HostSlot::Pinned))
+            .collect::<Result<Vec<_>>>()?;
+        self.host_slots = slots;
+        Ok(())
+    }
+
+    fn register_host_slots(&mut self, slots: Vec<Vec<u8>>) -> Result<()> {
+        let slots = slots
+            .into_iter()
+            .map(|v| HostRegistration::new(self.device, v).map(HostSlot::Registered))
+            .collect::<Result<Vec<_>>>()?;
+        self.host_slots = slots;
+        Ok(())
+    }
+
+    fn allocate_device_slots(&mut self, count: usize, bytes: usize) -> Result<()> {
+        let mut slots = Vec::with_capacity(count);
+        for _ in 0..count {
+            let timing = if self.timing {
+                Some((Event::with_timing(self.device)?, Event::with_timing(self.device)?))
+            } else {
+                None
+            };
+            slots.push(DeviceSlot {
+                buffer: DeviceBuffer::zeroed(&self.copy_stream, bytes)?,
+                ready: Event::new(self.device)?,
+                timing,
+            });
+        }
+        self.device_slots = slots;
+        Ok(())
+    }
+
+    fn host_slot_count(&self) -> usize {
+        self.host_slots.len()
+    }
+
+    fn device_slot_count(&self) -> usize {
+        self.device_slots.len()
+    }
+
+    fn slot_bytes(&self) -> usize {
+        let host = self.host_slots.iter().map(HostSlot::len).min().unwrap_or(0);
+        let dev = self.device_slots.iter().map(|s| s.buffer.len()).min().unwrap_or(0);
+        host.min(dev)
+    }
+
+    unsafe fn host_slot_mut(&self, host: usize) -> Result<&mut [u8]> {
+        let parts = self.host(host)?.parts();
+        if parts.bytes == 0 {
+            return Ok(&mut []);
+        }
+        // SAFETY: the slot's memory is a live allocation of `parts.bytes` bytes owned by this
+        // backend; the caller has exclusive use of it and its upload finished (Safety 1, 2).
+        Ok(unsafe { std::slice::from_raw_parts_mut(parts.ptr, parts.bytes) })
+    }
+
+    fn wait_host_slot(&self, host: usize) -> Result<()> {
+        self.host(host)?.synchronize()
+    }
+
+    unsafe fn submit_upload(&self, host: usize, device: usize, bytes: usize) -> Result<Duration> {
+        let started = Instant::now();
+        let (h, d) = (self.host(host)?, self.dev(device)?);
+        if bytes > h.len() || bytes > d.buffer.len() {
+            return Err(Error::invalid(format!(
+                "upload of {bytes} bytes from a {}-byte host slot into a {}-byte device slot",
+                h.len(),
+                d.buffer.len()
+            )));
+        }
+        if let Some((start, _)) = &d.timing {
+            start.record(&self.copy_stream)?;
+        }
+        let (hp, dp) = (h.parts(), d.buffer.raw_parts());
+        // SAFETY: both ranges are inside their slots (checked above); the caller guarantees
+        // nothing else writes the device slot (Safety 1), and its tracker orders this copy after
+        // the consumer's released uses.
+        unsafe {
+            copy_bytes(&self.copy_stream, (h.kind(), &hp, 0), (d.buffer.kind(), &dp, 0), bytes)?;
+        }
+        if let Some((_, end)) = &d.timing {
+            end.record(&self.copy_stream)?;
+        }
+        d.ready.record(&self.copy_stream)?;
+        Ok(started.elapsed())
+    }
+
+    fn upload_device_ms(&self, device: usize) -> Result<Option<f32>> {
+        match &self.dev(device)?.timing {
+            Some((start, end)) if end.query()? => start.elapsed_ms(end).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    fn ready_query(&self, device: usize) -> Result<bool> {
+        self.dev(device)?.ready.query()
+    }
+
+    fn synchronize_ready(&self, device: usize) -> Result<()> {
+        self.dev(device)?.ready.synchronize()
+    }
+
+    fn wait_stream_for_ready(&self, device: usize, stream: &Stream) -> Result<()> {
+        stream.wait_event(&self.dev(device)?.ready)
+    }
+
+    fn release(&self, device: usize, stream: &Stream) -> Result<()> {
+        let d = self.dev(device)?;
+        let tracker: &UseTracker = d.buffer.raw_parts().tracker;
+        // An empty use on the consumer's stream: the slot's next upload is ordered after it.
+        UseTracker::use_on(stream, &[tracker], || Ok(()))
+    }
+
+    fn device_slot(&self, device: usize) -> Result<&DeviceBuffer<u8>> {
+        Ok(&self.dev(device)?.buffer)
+    }
+
+    fn close(&self) -> Result<()> {
+        self.copy_stream.synchronize()
+    }
+}
+
+/// The transfer backend for `device` with `ring_depth` host and device slots still to be
+/// allocated (the ring does it with its slot size): [`StreamTransferBackend`] without timing.
+///
+/// # Errors
+///
+/// [`Error::InvalidArgument`] for a depth of 0; as [`Stream::new`].
+pub fn build_transfer_backend(device: Device, ring_depth: usize) -> Result<Box<dyn TransferBackend>> {
+    if ring_depth == 0 {
+        return Err(Error::invalid("ring depth must be at least 1"));
+    }
+    Ok(Box::new(StreamTransferBackend::new(device, false)?))
+}

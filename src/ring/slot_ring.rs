@@ -1,0 +1,658 @@
+//! `SlotRing`: producers fill host slots, the ring uploads them, consumers take device slots in
+//! FIFO order.
+//!
+//! Rules:
+//! - [`SlotRing::acquire`] hands a producer a host slot (whose last upload has finished) and
+//!   reserves a device slot (free once its consumer released it). With all device slots in use
+//!   it blocks, times out ([`Error::Timeout`]) or, for [`SlotRing::try_acquire`], returns
+//!   [`Error::WouldBlock`]: that is the ring's backpressure.
+//! - [`ProducerSlot::publish`] queues the upload and puts the slot in the FIFO; the host slot
+//!   goes back at once (it is rewritten only after its upload finished), the device slot when
+//!   the consumer releases it. A producer slot dropped unpublished returns both slots: a torn
+//!   slot is never handed out.
+//! - [`SlotRing::next`] hands consumers published slots in publish order, with the consumer's
+//!   stream already ordered after the upload. Dropping the [`ConsumerSlot`] (or
+//!   [`ConsumerSlot::release`]) records the consumed point on that stream; the next upload into
+//!   the slot waits for it on the device.
+//! - A failed upload submission returns the error to its producer and both slots to the ring,
+//!   which stays usable. [`SlotRing::fail`] closes the ring with an error; [`SlotRing::close`]
+//!   closes it cleanly. After closing, producers get [`Error::Closed`]; consumers first drain
+//!   every slot already published, then get [`Error::Closed`] (carrying the failure, if any).
+//! - Slots, guards and the ring share one allocation: memory lives until the last guard is
+//!   dropped, and is freed only after queued uploads finish.
+//!
+//! # Examples
+//!
+//! ```
+//! use cuferry::ring::{RingOptions, SlotLayout, SlotMeta, SlotRing};
+//! use cuferry::{Device, Stream};
+//!
+//! let ring = SlotRing::new(Device::Host, RingOptions::new(2, 4096))?;
+//! let consumer = Stream::new(Device::Host)?;
+//! let mut slot = ring.acquire()?;
+//! slot.bytes_mut()[..4].copy_from_slice(&[1, 2, 3, 4]);
+//! slot.publish(SlotMeta::new(7, SlotLayout::bytes(4)))?;
+//! let got = ring.next(&consumer)?;
+//! assert_eq!(got.meta().sequence, 7);
+//! assert_eq!(got.host_bytes()?, &[1, 2, 3, 4]);
+//! # Ok::<(), cuferry::Error>(())
+//! ```
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{select, unbounded, Receiver, Sender};
+
+use super::backend::{build_transfer_backend, StreamTransferBackend, TransferBackend};
+use super::executor::PackExecutor;
+use super::layout::{ArrayLayout, HasDType, SlotMeta};
+use crate::device::Device;
+use crate::error::{record_drop_error, Error, Result};
+use crate::memory::{DeviceBuffer, MemoryKind};
+use crate::stream::Stream;
+
+/// How a ring is built.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RingOptions {
+    /// Number of host slots and of device slots (>= 1).
+    pub depth: usize,
+    /// Bytes per slot.
+    pub slot_bytes: usize,
+    /// Time every upload on the device (timing events).
+    pub timing: bool,
+}
+
+impl RingOptions {
+    /// `depth` slots of `slot_bytes` bytes, without timing.
+    pub fn new(depth: usize, slot_bytes: usize) -> Self {
+        RingOptions { depth, slot_bytes, timing: false }
+    }
+}
+
+/// A snapshot of the ring's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RingStats {
+    /// Device slots reserved, published or held by consumers now.
+    pub occupancy: usize,
+    /// The most device slots ever in use at once.
+    pub high_water: usize,
+    /// Acquires that found no free slot and had to wait (or would have blocked).
+    pub producer_waits: u64,
+    /// Slots published.
+    pub published: u64,
+    /// Bytes uploaded.
+    pub bytes: u64,
+}
+
+/// Per-upload timing, for tracing.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct UploadTiming {
+    /// Host time the submission took.
+    pub submit: Duration,
+    /// Device time of the copy, when the ring times uploads and the copy has finished.
+    pub device_ms: Option<f32>,
+}
+
+/// A published slot waiting for a consumer.
+struct Published {
+    device: usize,
+    meta: SlotMeta,
+    submit: Duration,
+}
+
+struct Shared {
+    backend: Box<dyn TransferBackend>,
+    free_host: (Sender<usize>, Receiver<usize>),
+    free_device: (Sender<usize>, Receiver<usize>),
+    ready: (Sender<Published>, Receiver<Published>),
+    /// Dropped on close: every select on `closed_rx` wakes up.
+    close_tx: Mutex<Option<Sender<()>>>,
+    closed_rx: Receiver<()>,
+    /// The error the ring was failed with.
+    failure: Mutex<Option<Error>>,
+    device_slots: usize,
+    occupancy: AtomicUsize,
+    high_water: AtomicUsize,
+    producer_waits: AtomicU64,
+    published: AtomicU64,
+    bytes: AtomicU64,
+}
+
+impl Shared {
+    fn is_closed(&self) -> bool {
+        self.close_tx.lock().map(|g| g.is_none()).unwrap_or(true)
+    }
+
+    fn closed_error(&self) -> Error {
+        let reason = self.failure.lock().ok().and_then(|f| f.clone()).map(Box::new);
+        Error::Closed { reason }
+    }
+
+    fn return_host(&self, host: usize) {
+        // The receiver lives in `self`, so the send cannot fail.
+        let _ = self.free_host.0.send(host);
+    }
+
+    fn return_device(&self, device: usize) {
+        self.occupancy.fetch_sub(1, Ordering::AcqRel);
+        let _ = self.free_device.0.send(device);
+    }
+
+    /// Takes an index from `queue`, honouring close and the deadline.
+    fn take(&self, queue: &Receiver<usize>, deadline: Option<Instant>, what: &'static str) -> Result<usize> {
+        if let Ok(i) = queue.try_recv() {
+            return Ok(i);
+        }
+        if self.is_closed() {
+            return Err(self.closed_error());
+        }
+        self.producer_waits.fetch_add(1, Ordering::Relaxed);
+        let Some(deadline) = deadline else {
+            return Err(Error::WouldBlock { what });
+        };
+        let started = Instant::now();
+        let timeout = deadline.saturating_duration_since(started);
+        select! {
+            recv(queue) -> msg => msg.map_err(|_| self.closed_error()),
+            recv(self.closed_rx) -> _ => Err(self.closed_error()),
+            default(timeout) => Err(Error::Timeout { what, waited: started.elapsed() }),
+        }
+    }
+}
+
+/// A ring of pinned host slots and device slots. See the [module docs](self).
+#[derive(Clone)]
+pub struct SlotRing {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for SlotRing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlotRing")
+            .field("device", &self.shared.backend.device())
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+/// How long "blocking forever" waits in one go (re-armed until something happens).
+const FOREVER: Duration = Duration::from_secs(3600 * 24 * 365);
+
+impl SlotRing {
+    /// A ring on `device` with freshly allocated slots (pinned host slots on CUDA).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a depth or slot size of 0; allocation failures.
+    pub fn new(device: Device, options: RingOptions) -> Result<Self> {
+        if options.slot_bytes == 0 {
+            return Err(Error::invalid("ring slots must hold at least one byte"));
+        }
+        let mut backend = if options.timing {
+            if options.depth == 0 {
+                return Err(Error::invalid("ring depth must be at least 1"));
+            }
+            Box::new(StreamTransferBackend::new(device, true)?)
+        } else {
+            build_transfer_backend(device, options.depth)?
+        };
+        backend.allocate_host_slots(options.depth, options.slot_bytes)?;
+        backend.allocate_device_slots(options.depth, options.slot_bytes)?;
+        Self::with_backend(backend)
+    }
+
+    /// A ring over a backend whose slots are already allocated or registered (caller memory,
+    /// or a custom backend).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when the backend has no host or no device slot.
+    pub fn with_backend(backend: Box<dyn TransferBackend>) -> Result<Self> {
+        let (hosts, devices) = (backend.host_slot_count(), backend.device_slot_count());
+        if hosts == 0 || devices == 0 {
+            return Err(Error::invalid(format!(
+                "a ring needs host and device slots ({hosts} host, {devices} device given)"
+            )));
+        }
+        let free_host = unbounded();
+        let free_device = unbounded();
+        for i in 0..hosts {
+            let _ = free_host.0.send(i);
+        }
+        for i in 0..devices {
+            let _ = free_device.0.send(i);
+        }
+        let (close_tx, closed_rx) = unbounded();
+        Ok(SlotRing {
+            shared: Arc::new(Shared {
+                backend,
+                free_host,
+                free_device,
+                ready: unbounded(),
+                close_tx: Mutex::new(Some(close_tx)),
+                closed_rx,
+                failure: Mutex::new(None),
+                device_slots: devices,
+                occupancy: AtomicUsize::new(0),
+                high_water: AtomicUsize::new(0),
+                producer_waits: AtomicU64::new(0),
+                published: AtomicU64::new(0),
+                bytes: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// The backend (capabilities, device).
+    pub fn backend(&self) -> &dyn TransferBackend {
+        self.shared.backend.as_ref()
+    }
+
+    /// Bytes one slot holds.
+    pub fn slot_bytes(&self) -> usize {
+        self.shared.backend.slot_bytes()
+    }
+
+    /// Number of device slots.
+    pub fn depth(&self) -> usize {
+        self.shared.device_slots
+    }
+
+    /// The counters now.
+    pub fn stats(&self) -> RingStats {
+        let s = &self.shared;
+        RingStats {
+            occupancy: s.occupancy.load(Ordering::Acquire),
+            high_water: s.high_water.load(Ordering::Acquire),
+            producer_waits: s.producer_waits.load(Ordering::Relaxed),
+            published: s.published.load(Ordering::Relaxed),
+            bytes: s.bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// A free slot for a producer, blocking until one is free.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Closed`] once the ring is closed; CUDA errors waiting for the host slot.
+    pub fn acquire(&self) -> Result<ProducerSlot> {
+        loop {
+            match self.acquire_until(Some(Instant::now() + FOREVER)) {
+                Err(Error::Timeout { .. }) => continue,
+                other => return other,
+            }
+        }
+    }
+
+    /// Like [`SlotRing::acquire`], giving up after `timeout` with [`Error::Timeout`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`], [`Error::Closed`], CUDA errors.
+    pub fn acquire_timeout(&self, timeout: Duration) -> Result<ProducerSlot> {
+        self.acquire_until(Some(Instant::now() + timeout))
+    }
+
+    /// Like [`SlotRing::acquire`] without waiting: [`Error::WouldBlock`] when no slot is free.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::WouldBlock`], [`Error::Closed`], CUDA errors.
+    pub fn try_acquire(&self) -> Result<ProducerSlot> {
+        self.acquire_until(None)
+    }
+
+    fn acquire_until(&self, deadline: Option<Instant>) -> Result<ProducerSlot> {
+        let s = &self.shared;
+        if s.is_closed() {
+            return Err(s.closed_error());
+        }
+        let device = s.take(&s.free_device.1, deadline, "no free device slot")?;
+        let occupied = s.occupancy.fetch_add(1, Ordering::AcqRel) + 1;
+        s.high_water.fetch_max(occupied, Ordering::AcqRel);
+        let host = match s.take(&s.free_host.1, deadline, "no free host slot") {
+            Ok(h) => h,
+            Err(e) => {
+                s.return_device(device);
+                return Err(e);
+            }
+        };
+        if let Err(e) = s.backend.wait_host_slot(host) {
+            s.return_host(host);
+            s.return_device(device);
+            return Err(e);
+        }
+        Ok(ProducerSlot { shared: Arc::clone(&self.shared), host, device, done: false })
+    }
+
+    /// The next published slot, in publish order, blocking until one is published. `stream`
+    /// (the consumer's) is ordered after the slot's upload.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Closed`] once the ring is closed and drained; CUDA errors ordering the stream.
+    pub fn next(&self, stream: &Stream) -> Result<ConsumerSlot> {
+        loop {
+            match self.next_until(stream, Some(Instant::now() + FOREVER)) {
+                Err(Error::Timeout { .. }) => continue,
+                other => return other,
+            }
+        }
+    }
+
+    /// Like [`SlotRing::next`], giving up after `timeout` with [`Error::Timeout`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`], [`Error::Closed`], CUDA errors.
+    pub fn next_timeout(&self, stream: &Stream, timeout: Duration) -> Result<ConsumerSlot> {
+        self.next_until(stream, Some(Instant::now() + timeout))
+    }
+
+    /// Like [`SlotRing::next`] without waiting: [`Error::WouldBlock`] when nothing is ready.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::WouldBlock`], [`Error::Closed`], CUDA errors.
+    pub fn try_next(&self, stream: &Stream) -> Result<ConsumerSlot> {
+        self.next_until(stream, None)
+    }
+
+    fn next_until(&self, stream: &Stream, deadline: Option<Instant>) -> Result<ConsumerSlot> {
+        let s = &self.shared;
+        let ready = &s.ready.1;
+        let published = match ready.try_recv() {
+            Ok(p) => p,
+            Err(_) if s.is_closed() => return Err(s.closed_error()),
+            Err(_) => {
+                let Some(deadline) = deadline else {
+                    return Err(Error::WouldBlock { what: "no published slot" });
+                };
+                let started = Instant::now();
+                let timeout = deadline.saturating_duration_since(started);
+                select! {
+                    recv(ready) -> msg => msg.map_err(|_| s.closed_error())?,
+                    recv(s.closed_rx) -> _ => ready.try_recv().map_err(|_| s.closed_error())?,
+                    default(timeout) => {
+                        return Err(Error::Timeout { what: "no published slot", waited: started.elapsed() })
+                    }
+                }
+            }
+        };
+        if let Err(e) = s.backend.wait_stream_for_ready(published.device, stream) {
+            // The slot cannot be handed out safely; give it back (its data is dropped).
+            s.return_device(published.device);
+            return Err(e);
+        }
+        Ok(ConsumerSlot {
+            shared: Arc::clone(&self.shared),
+            device: published.device,
+            meta: published.meta,
+            submit: published.submit,
+            stream: stream.clone(),
+            released: false,
+        })
+    }
+
+    /// Closes the ring: producers get [`Error::Closed`], consumers drain what was published
+    /// and then get [`Error::Closed`]. Idempotent.
+    pub fn close(&self) {
+        if let Ok(mut tx) = self.shared.close_tx.lock() {
+            tx.take();
+        }
+    }
+
+    /// Closes the ring because of `error`; consumers see it in [`Error::Closed`] once they
+    /// have drained the slots already published. The first failure is kept.
+    pub fn fail(&self, error: Error) {
+        if let Ok(mut f) = self.shared.failure.lock() {
+            f.get_or_insert(error);
+        }
+        self.close();
+    }
+
+    /// Whether the ring was closed.
+    pub fn is_closed(&self) -> bool {
+        self.shared.is_closed()
+    }
+
+    /// Waits for every queued upload (the backend's `close`); the ring stays as it is.
+    ///
+    /// # Errors
+    ///
+    /// CUDA errors of the wait.
+    pub fn synchronize(&self) -> Result<()> {
+        self.shared.backend.close()
+    }
+}
+
+/// A host slot being filled by a producer, with a device slot reserved for it.
+pub struct ProducerSlot {
+    shared: Arc<Shared>,
+    host: usize,
+    device: usize,
+    /// Published or returned.
+    done: bool,
+}
+
+impl std::fmt::Debug for ProducerSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProducerSlot").field("host", &self.host).field("device", &self.device).finish()
+    }
+}
+
+impl ProducerSlot {
+    /// The slot's bytes, to fill directly (fastest: no staging copy).
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: this guard is the only holder of host slot `host` (the free queue handed it
+        // out once) and `acquire` waited for its last upload; the borrow of `self` keeps the
+        // slice from outliving the guard.
+        unsafe { self.shared.backend.host_slot_mut(self.host) }.unwrap_or(&mut [])
+    }
+
+    /// Copies `data` into the slot at byte `offset`, in parallel on `executor` (pageable
+    /// sources reach host-memcpy speed only with several threads).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when the bytes do not fit.
+    pub fn fill_from(&mut self, executor: &PackExecutor, offset: usize, data: &[u8]) -> Result<()> {
+        let slot = self.bytes_mut();
+        let end = offset.checked_add(data.len()).filter(|&e| e <= slot.len()).ok_or_else(|| {
+            Error::invalid(format!(
+                "{} bytes at offset {offset} overflow a slot of {}",
+                data.len(),
+                slot.len()
+            ))
+        })?;
+        executor.copy(data, &mut slot[offset..end])
+    }
+
+    /// Writes `data` as the array described by `array` (type and length checked).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when `T` or the length does not match, or it does not fit.
+    pub fn write_array<T: HasDType>(
+        &mut self,
+        executor: &PackExecutor,
+        array: &ArrayLayout,
+        data: &[T],
+    ) -> Result<()> {
+        if array.dtype != T::DTYPE || array.len() != data.len() {
+            return Err(Error::invalid(format!(
+                "array of {:?} x {} given for a layout of {:?} x {}",
+                T::DTYPE,
+                data.len(),
+                array.dtype,
+                array.len()
+            )));
+        }
+        self.fill_from(executor, array.offset, bytemuck::cast_slice(data))
+    }
+
+    /// Queues the upload and puts the slot in the FIFO.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for metadata that does not fit the slot; [`Error::Closed`]
+    /// when the ring was closed; the backend's submission error (the slots go back to the
+    /// ring, which stays usable).
+    pub fn publish(mut self, meta: SlotMeta) -> Result<()> {
+        let s = Arc::clone(&self.shared);
+        meta.validate(s.backend.slot_bytes())?;
+        if s.is_closed() {
+            return Err(s.closed_error());
+        }
+        // SAFETY: this guard holds both slots exclusively: the host slot until its upload is
+        // waited on by the next `acquire`, the device slot until a consumer releases it.
+        let submit = unsafe { s.backend.submit_upload(self.host, self.device, meta.bytes) }?;
+        self.done = true;
+        s.return_host(self.host);
+        s.published.fetch_add(1, Ordering::Relaxed);
+        s.bytes.fetch_add(meta.bytes as u64, Ordering::Relaxed);
+        let _ = s.ready.0.send(Published { device: self.device, meta, submit });
+        Ok(())
+    }
+}
+
+impl Drop for ProducerSlot {
+    fn drop(&mut self) {
+        if !self.done {
+            self.shared.return_host(self.host);
+            self.shared.return_device(self.device);
+        }
+    }
+}
+
+/// A device slot handed to a consumer; dropping it releases the slot.
+pub struct ConsumerSlot {
+    shared: Arc<Shared>,
+    device: usize,
+    meta: SlotMeta,
+    submit: Duration,
+    stream: Stream,
+    released: bool,
+}
+
+impl std::fmt::Debug for ConsumerSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsumerSlot").field("device", &self.device).field("meta", &self.meta).finish()
+    }
+}
+
+impl ConsumerSlot {
+    /// What the producer published.
+    pub fn meta(&self) -> &SlotMeta {
+        &self.meta
+    }
+
+    /// The slot's device memory (work queued on it through cuferry is ordered automatically).
+    ///
+    /// # Errors
+    ///
+    /// Only from a custom backend that rejects its own slot index.
+    pub fn buffer(&self) -> Result<&DeviceBuffer<u8>> {
+        self.shared.backend.device_slot(self.device)
+    }
+
+    /// A typed device pointer and element count for array `index`, for kernels queued on the
+    /// consumer's stream.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when there is no such array or its type is not `T`.
+    pub fn array_ptr<T: HasDType>(&self, index: usize) -> Result<(*const T, usize)> {
+        let array = self.array::<T>(index)?;
+        Ok((self.buffer()?.as_ptr().wrapping_add(array.offset).cast::<T>(), array.len()))
+    }
+
+    fn array<T: HasDType>(&self, index: usize) -> Result<&ArrayLayout> {
+        let array =
+            self.meta.layout.arrays().get(index).ok_or_else(|| {
+                Error::invalid(format!("array {index} of {}", self.meta.layout.arrays().len()))
+            })?;
+        if array.dtype != T::DTYPE {
+            return Err(Error::invalid(format!("array {index} holds {:?}, not {:?}", array.dtype, T::DTYPE)));
+        }
+        Ok(array)
+    }
+
+    /// The uploaded bytes, read on the host after the upload finished. Only where device slots
+    /// are host memory (the host backend).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] on CUDA (copy the slot out instead); CUDA errors of the wait.
+    pub fn host_bytes(&self) -> Result<&[u8]> {
+        let buffer = self.buffer()?;
+        if !MemoryKind::Device(buffer.device()).host_accessible() {
+            return Err(Error::unsupported(
+                "host_bytes on CUDA device slots; copy them out with cuferry::copy",
+            ));
+        }
+        self.shared.backend.synchronize_ready(self.device)?;
+        if self.meta.bytes == 0 {
+            return Ok(&[]);
+        }
+        // SAFETY: host-backend device memory is host memory of at least `meta.bytes` bytes
+        // (validated at publish); the upload into it finished (synchronize_ready) and no upload
+        // can be queued into it until this guard releases it.
+        Ok(unsafe { std::slice::from_raw_parts(buffer.as_ptr(), self.meta.bytes) })
+    }
+
+    /// Array `index` as `&[T]`, on the host backend (see [`ConsumerSlot::host_bytes`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`ConsumerSlot::host_bytes`], and a type or index mismatch.
+    pub fn host_array<T: HasDType>(&self, index: usize) -> Result<&[T]> {
+        let array = self.array::<T>(index)?.clone();
+        let bytes = &self.host_bytes()?[array.offset..array.offset + array.bytes()];
+        bytemuck::try_cast_slice(bytes).map_err(|e| Error::invalid(format!("array {index}: {e}")))
+    }
+
+    /// Submission time and, with timing on, the device time of this slot's upload.
+    ///
+    /// # Errors
+    ///
+    /// CUDA errors of the timing query.
+    pub fn timing(&self) -> Result<UploadTiming> {
+        Ok(UploadTiming {
+            submit: self.submit,
+            device_ms: self.shared.backend.upload_device_ms(self.device)?,
+        })
+    }
+
+    /// Releases the slot now: the consumed point is recorded on the consumer's stream (work
+    /// queued there before this call keeps the slot from being overwritten).
+    ///
+    /// # Errors
+    ///
+    /// CUDA errors of the record; the slot is returned to the ring either way (after a host
+    /// wait for the consumer's stream when the record failed).
+    pub fn release(mut self) -> Result<()> {
+        self.release_inner()
+    }
+
+    fn release_inner(&mut self) -> Result<()> {
+        if std::mem::replace(&mut self.released, true) {
+            return Ok(());
+        }
+        let recorded = self.shared.backend.release(self.device, &self.stream);
+        if recorded.is_err() {
+            // Without a consumed point, only a host wait keeps the next upload from racing.
+            let _ = self.stream.synchronize();
+        }
+        self.shared.return_device(self.device);
+        recorded
+    }
+}
+
+impl Drop for ConsumerSlot {
+    fn drop(&mut self) {
+        if let Err(e) = self.release_inner() {
+            record_drop_error(e);
+        }
+    }
+}

@@ -1,0 +1,477 @@
+//! The slot ring with real threads: FIFO order, every byte checked (sequence ids and
+//! checksums), depths 1, 2 and 8, fast and slow producers and consumers, several producers, no
+//! slot in flight twice, close with slots in flight, errors mid-stream. Each protocol runs on
+//! the host backend and, when a GPU is present, on CUDA.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cuferry::ring::{
+    ConsumerSlot, DType, PackExecutor, RingOptions, SlotLayout, SlotMeta, SlotRing, StreamTransferBackend,
+    TransferBackend, TransferCapabilities,
+};
+use cuferry::{copy_range, Device, DeviceBuffer, Error, PinnedBuffer, Stream};
+
+const SLOT: usize = 64 << 10;
+
+/// The payload of item `seq` from `producer`: length and bytes derived from both, with an
+/// FNV-1a checksum in the first 8 bytes.
+fn payload(producer: u64, seq: u64) -> Vec<u8> {
+    let len = 16 + ((seq * 7919 + producer * 104_729) % (SLOT as u64 - 16)) as usize;
+    let mut rng = common::Rng::new(seq ^ (producer << 32));
+    let mut data = rng.bytes(len);
+    let sum = fnv(&data[8..]);
+    data[..8].copy_from_slice(&sum.to_le_bytes());
+    data
+}
+
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+}
+
+/// Reads the published bytes of a slot on the host, whatever the backend.
+fn read_slot(slot: &ConsumerSlot, stream: &Stream) -> Vec<u8> {
+    let bytes = slot.meta().bytes;
+    let buffer = slot.buffer().unwrap();
+    if buffer.device().is_host() {
+        return slot.host_bytes().unwrap().to_vec();
+    }
+    let mut out = PinnedBuffer::<u8>::zeroed(buffer.device(), bytes).unwrap();
+    copy_range(stream, buffer, 0, &mut out, 0, bytes).unwrap();
+    out.as_slice().unwrap().to_vec()
+}
+
+/// Checks one received slot against the payload its sequence id names.
+fn check_slot(slot: &ConsumerSlot, stream: &Stream, producer: u64) {
+    let got = read_slot(slot, stream);
+    let want = payload(producer, slot.meta().sequence);
+    assert_eq!(got.len(), want.len(), "length of item {}", slot.meta().sequence);
+    let sum = u64::from_le_bytes(got[..8].try_into().unwrap());
+    assert_eq!(sum, fnv(&got[8..]), "torn slot: checksum of item {}", slot.meta().sequence);
+    assert!(got == want, "bytes of item {} differ", slot.meta().sequence);
+}
+
+fn publish(ring: &SlotRing, producer: u64, seq: u64) {
+    let data = payload(producer, seq);
+    let mut slot = ring.acquire().unwrap();
+    slot.bytes_mut()[..data.len()].copy_from_slice(&data);
+    // The producer id rides in the high bits of the sequence.
+    slot.publish(SlotMeta::new(seq, SlotLayout::bytes(data.len()))).unwrap();
+}
+
+/// One producer, one consumer, items in order with every byte checked, for depth `depth`;
+/// `producer_delay` / `consumer_delay` make one side the slow one.
+fn stream_items(
+    device: Device,
+    depth: usize,
+    items: u64,
+    producer_delay: Duration,
+    consumer_delay: Duration,
+) {
+    let ring = SlotRing::new(device, RingOptions::new(depth, SLOT)).unwrap();
+    let producer = {
+        let ring = ring.clone();
+        std::thread::spawn(move || {
+            for seq in 0..items {
+                publish(&ring, 0, seq);
+                std::thread::sleep(producer_delay);
+            }
+        })
+    };
+    let stream = Stream::new(device).unwrap();
+    for expected in 0..items {
+        let slot = ring.next(&stream).unwrap();
+        assert_eq!(slot.meta().sequence, expected, "FIFO order");
+        check_slot(&slot, &stream, 0);
+        std::thread::sleep(consumer_delay);
+        let stats = ring.stats();
+        assert!(stats.occupancy <= depth && stats.high_water <= depth, "{stats:?}");
+    }
+    producer.join().unwrap();
+    let stats = ring.stats();
+    assert_eq!(stats.published, items);
+    assert_eq!(stats.occupancy, 0, "slots leaked: {stats:?}");
+    if consumer_delay > producer_delay && items > depth as u64 + 1 {
+        assert!(stats.producer_waits > 0, "a fast producer never waited: {stats:?}");
+        assert_eq!(stats.high_water, depth);
+    }
+}
+
+fn depths_and_speeds(device: Device) {
+    for depth in [1, 2, 8] {
+        stream_items(device, depth, 40, Duration::ZERO, Duration::ZERO);
+        stream_items(device, depth, 20, Duration::ZERO, Duration::from_millis(2)); // fast producer
+        stream_items(device, depth, 20, Duration::from_millis(2), Duration::ZERO);
+        // fast consumer
+    }
+}
+
+/// Four producers at once; each one's items arrive in its order, all exactly once.
+fn several_producers(device: Device) {
+    let ring = SlotRing::new(device, RingOptions::new(3, SLOT)).unwrap();
+    let per = 25u64;
+    let handles: Vec<_> = (0..4u64)
+        .map(|p| {
+            let ring = ring.clone();
+            std::thread::spawn(move || {
+                for i in 0..per {
+                    let seq = (p << 32) | i;
+                    let data = payload(p, seq);
+                    let mut slot = ring.acquire().unwrap();
+                    slot.bytes_mut()[..data.len()].copy_from_slice(&data);
+                    slot.publish(SlotMeta::new(seq, SlotLayout::bytes(data.len()))).unwrap();
+                }
+            })
+        })
+        .collect();
+    let stream = Stream::new(device).unwrap();
+    let mut next = [0u64; 4];
+    for _ in 0..4 * per {
+        let slot = ring.next(&stream).unwrap();
+        let (p, i) = (slot.meta().sequence >> 32, slot.meta().sequence & 0xffff_ffff);
+        assert_eq!(i, next[p as usize], "producer {p} out of order");
+        next[p as usize] += 1;
+        check_slot(&slot, &stream, p);
+    }
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert_eq!(next, [per; 4]);
+    assert!(matches!(ring.try_next(&stream), Err(Error::WouldBlock { .. })));
+}
+
+/// No slot is handed out twice while in use: held consumer slots have distinct memory, and the
+/// ring refuses more than `depth` at once.
+fn no_slot_in_flight_twice(device: Device) {
+    let depth = 4;
+    let ring = SlotRing::new(device, RingOptions::new(depth, SLOT)).unwrap();
+    let stream = Stream::new(device).unwrap();
+    for round in 0..3u64 {
+        for i in 0..depth as u64 {
+            publish(&ring, 0, round * 10 + i);
+        }
+        assert!(matches!(ring.try_acquire(), Err(Error::WouldBlock { .. })));
+        assert!(matches!(ring.acquire_timeout(Duration::from_millis(20)), Err(Error::Timeout { .. })));
+        let held: Vec<ConsumerSlot> = (0..depth).map(|_| ring.next(&stream).unwrap()).collect();
+        let ptrs: HashSet<usize> = held.iter().map(|s| s.buffer().unwrap().as_ptr() as usize).collect();
+        assert_eq!(ptrs.len(), depth, "a device slot was handed out twice");
+        for s in &held {
+            check_slot(s, &stream, 0);
+        }
+        assert_eq!(ring.stats().occupancy, depth);
+        drop(held);
+        assert_eq!(ring.stats().occupancy, 0);
+    }
+    // Producers holding slots at once get distinct host memory.
+    let mut a = ring.acquire().unwrap();
+    let mut b = ring.acquire().unwrap();
+    assert_ne!(a.bytes_mut().as_ptr(), b.bytes_mut().as_ptr());
+}
+
+/// Closing with slots in flight: consumers drain what was published, then get Closed;
+/// producers get Closed; held slots stay valid after the ring handle is gone.
+fn close_with_slots_in_flight(device: Device) {
+    let ring = SlotRing::new(device, RingOptions::new(4, SLOT)).unwrap();
+    let stream = Stream::new(device).unwrap();
+    for seq in 0..3 {
+        publish(&ring, 0, seq);
+    }
+    let held = ring.next(&stream).unwrap();
+    let pending = ring.acquire().unwrap();
+    ring.close();
+    assert!(ring.is_closed());
+    assert!(matches!(ring.try_acquire(), Err(Error::Closed { reason: None })));
+    assert!(matches!(pending.publish(SlotMeta::new(99, SlotLayout::bytes(1))), Err(Error::Closed { .. })));
+    for seq in 1..3 {
+        let slot = ring.next(&stream).unwrap();
+        assert_eq!(slot.meta().sequence, seq);
+        check_slot(&slot, &stream, 0);
+    }
+    assert!(matches!(ring.next(&stream), Err(Error::Closed { reason: None })));
+    drop(ring);
+    check_slot(&held, &stream, 0);
+    drop(held);
+}
+
+/// Errors mid-stream: abandoned fills are never handed out; a failed ring reports its error
+/// after the complete slots are drained.
+fn errors_mid_stream(device: Device) {
+    let ring = SlotRing::new(device, RingOptions::new(2, SLOT)).unwrap();
+    let stream = Stream::new(device).unwrap();
+    let producer = {
+        let ring = ring.clone();
+        std::thread::spawn(move || {
+            for seq in 0..30u64 {
+                let data = payload(0, seq);
+                let mut slot = ring.acquire().unwrap();
+                // Half-filled, then the "fill" fails: the guard is dropped unpublished.
+                let half = data.len() / 2;
+                slot.bytes_mut()[..half].copy_from_slice(&data[..half]);
+                if seq % 5 == 4 {
+                    continue;
+                }
+                slot.bytes_mut()[half..data.len()].copy_from_slice(&data[half..]);
+                slot.publish(SlotMeta::new(seq, SlotLayout::bytes(data.len()))).unwrap();
+            }
+            ring.fail(Error::InvalidArgument { what: "producer gave up".into() });
+        })
+    };
+    let mut seen = Vec::new();
+    loop {
+        match ring.next(&stream) {
+            Ok(slot) => {
+                check_slot(&slot, &stream, 0);
+                seen.push(slot.meta().sequence);
+            }
+            Err(Error::Closed { reason: Some(reason) }) => {
+                assert!(reason.to_string().contains("producer gave up"));
+                break;
+            }
+            Err(e) => panic!("unexpected {e:?}"),
+        }
+    }
+    producer.join().unwrap();
+    let want: Vec<u64> = (0..30).filter(|s| s % 5 != 4).collect();
+    assert_eq!(seen, want);
+}
+
+/// Metadata that does not fit is refused and the ring stays usable; typed arrays round-trip.
+fn layouts_and_bad_metadata(device: Device) {
+    let ring = SlotRing::new(device, RingOptions::new(2, SLOT)).unwrap();
+    let stream = Stream::new(device).unwrap();
+    let slot = ring.acquire().unwrap();
+    assert!(matches!(
+        slot.publish(SlotMeta { sequence: 1, bytes: SLOT + 1, layout: SlotLayout::bytes(4) }),
+        Err(Error::InvalidArgument { .. })
+    ));
+    assert_eq!(ring.stats().occupancy, 0, "a refused publish kept its slots");
+    let pool = PackExecutor::new(3).unwrap();
+    let obs: Vec<f32> = (0..4 * 64).map(|i| i as f32 * 0.5).collect();
+    let actions: Vec<i64> = vec![-3, 0, 7, 1 << 40];
+    let layout = SlotLayout::new().with::<f32>(&[4, 64]).unwrap().with::<i64>(&[4]).unwrap();
+    let mut slot = ring.acquire().unwrap();
+    assert!(slot.write_array(&pool, &layout.arrays()[0], &actions).is_err());
+    slot.write_array(&pool, &layout.arrays()[0], &obs).unwrap();
+    slot.write_array(&pool, &layout.arrays()[1], &actions).unwrap();
+    slot.publish(SlotMeta::new(5, layout.clone())).unwrap();
+    let got = ring.next(&stream).unwrap();
+    assert_eq!(got.meta().layout.arrays()[1].dtype, DType::I64);
+    assert!(got.array_ptr::<f64>(0).is_err());
+    assert_eq!(got.array_ptr::<f32>(0).unwrap().1, obs.len());
+    let bytes = read_slot(&got, &stream);
+    let a0 = &layout.arrays()[0];
+    let a1 = &layout.arrays()[1];
+    assert_eq!(bytemuck::cast_slice::<u8, f32>(&bytes[a0.offset..a0.offset + a0.bytes()]), &obs[..]);
+    let mut back = vec![0i64; 4];
+    bytemuck::cast_slice_mut::<i64, u8>(&mut back).copy_from_slice(&bytes[a1.offset..a1.offset + a1.bytes()]);
+    assert_eq!(back, actions);
+    if device.is_host() {
+        assert_eq!(got.host_array::<f32>(0).unwrap(), &obs[..]);
+    }
+}
+
+/// Caller memory registered as host slots, and upload timing.
+fn registered_slots_and_timing(device: Device) {
+    let mut backend = StreamTransferBackend::new(device, true).unwrap();
+    backend.register_host_slots(vec![vec![0u8; SLOT]; 3]).unwrap();
+    backend.allocate_device_slots(2, SLOT).unwrap();
+    let caps = backend.capabilities();
+    assert!(caps.supports_timing_events && caps.supports_async_submit);
+    let ring = SlotRing::with_backend(Box::new(backend)).unwrap();
+    let stream = Stream::new(device).unwrap();
+    for seq in 0..10 {
+        publish(&ring, 0, seq);
+        let slot = ring.next(&stream).unwrap();
+        check_slot(&slot, &stream, 0);
+        slot.buffer().unwrap().synchronize().unwrap();
+        let timing = slot.timing().unwrap();
+        assert!(timing.device_ms.is_some_and(|ms| ms >= 0.0), "{timing:?}");
+    }
+}
+
+/// Work the consumer queued on its stream before releasing a slot keeps the slot from being
+/// overwritten, even work the ring cannot see (a raw read, like a kernel's): the consumer
+/// queues a slow read of the slot, releases at once, and the read still sees its item.
+fn release_orders_next_upload(device: Device) {
+    let ring = SlotRing::new(device, RingOptions::new(1, SLOT)).unwrap();
+    let stream = Stream::new(device).unwrap();
+    let reads = Arc::new(Mutex::new(Vec::new()));
+    let mut tracked = Vec::new();
+    for seq in 0..6 {
+        publish(&ring, 0, seq);
+        let slot = ring.next(&stream).unwrap();
+        let bytes = slot.meta().bytes;
+        stream.host_fn(|| std::thread::sleep(Duration::from_millis(10))).unwrap();
+        if device.is_host() {
+            // An untracked read through the raw pointer, like a kernel's.
+            let addr = slot.buffer().unwrap().as_ptr() as usize;
+            let reads = Arc::clone(&reads);
+            stream
+                .host_fn(move || {
+                    // SAFETY: the slot is host memory of at least `bytes` bytes, kept alive by
+                    // the ring, and not rewritten before this queued read (the property tested).
+                    let got = unsafe { std::slice::from_raw_parts(addr as *const u8, bytes) }.to_vec();
+                    reads.lock().unwrap().push((seq, got));
+                })
+                .unwrap();
+        } else {
+            let mut out = DeviceBuffer::<u8>::zeroed(&stream, bytes).unwrap();
+            copy_range(&stream, slot.buffer().unwrap(), 0, &mut out, 0, bytes).unwrap();
+            tracked.push((seq, out));
+        }
+        slot.release().unwrap();
+    }
+    stream.synchronize().unwrap();
+    for (seq, out) in tracked {
+        reads.lock().unwrap().push((seq, out.to_vec(&stream).unwrap()));
+    }
+    let reads = reads.lock().unwrap();
+    assert_eq!(reads.len(), 6);
+    for (seq, got) in reads.iter() {
+        assert!(*got == payload(0, *seq), "slot {seq} overwritten before its consumer finished");
+    }
+}
+
+on_both_backends! {
+    failed_submissions => failed_submissions;
+    depths_and_speeds => depths_and_speeds;
+    several_producers => several_producers;
+    no_slot_in_flight_twice => no_slot_in_flight_twice;
+    close_with_slots_in_flight => close_with_slots_in_flight;
+    errors_mid_stream => errors_mid_stream;
+    layouts_and_bad_metadata => layouts_and_bad_metadata;
+    registered_slots_and_timing => registered_slots_and_timing;
+    release_orders_next_upload => release_orders_next_upload;
+}
+
+/// A backend whose every `fail_every`-th submission fails, wrapping the real one.
+struct FlakyBackend {
+    inner: StreamTransferBackend,
+    calls: AtomicUsize,
+    fail_every: usize,
+}
+
+impl TransferBackend for FlakyBackend {
+    fn capabilities(&self) -> TransferCapabilities {
+        self.inner.capabilities()
+    }
+    fn device(&self) -> Device {
+        self.inner.device()
+    }
+    fn allocate_host_slots(&mut self, count: usize, bytes: usize) -> cuferry::Result<()> {
+        self.inner.allocate_host_slots(count, bytes)
+    }
+    fn register_host_slots(&mut self, slots: Vec<Vec<u8>>) -> cuferry::Result<()> {
+        self.inner.register_host_slots(slots)
+    }
+    fn allocate_device_slots(&mut self, count: usize, bytes: usize) -> cuferry::Result<()> {
+        self.inner.allocate_device_slots(count, bytes)
+    }
+    fn host_slot_count(&self) -> usize {
+        self.inner.host_slot_count()
+    }
+    fn device_slot_count(&self) -> usize {
+        self.inner.device_slot_count()
+    }
+    fn slot_bytes(&self) -> usize {
+        self.inner.slot_bytes()
+    }
+    unsafe fn host_slot_mut(&self, host: usize) -> cuferry::Result<&mut [u8]> {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { self.inner.host_slot_mut(host) }
+    }
+    fn wait_host_slot(&self, host: usize) -> cuferry::Result<()> {
+        self.inner.wait_host_slot(host)
+    }
+    unsafe fn submit_upload(&self, host: usize, device: usize, bytes: usize) -> cuferry::Result<Duration> {
+        if self.calls.fetch_add(1, Ordering::SeqCst) % self.fail_every == self.fail_every - 1 {
+            return Err(Error::Unsupported { what: "injected submit failure".into() });
+        }
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { self.inner.submit_upload(host, device, bytes) }
+    }
+    fn upload_device_ms(&self, device: usize) -> cuferry::Result<Option<f32>> {
+        self.inner.upload_device_ms(device)
+    }
+    fn ready_query(&self, device: usize) -> cuferry::Result<bool> {
+        self.inner.ready_query(device)
+    }
+    fn synchronize_ready(&self, device: usize) -> cuferry::Result<()> {
+        self.inner.synchronize_ready(device)
+    }
+    fn wait_stream_for_ready(&self, device: usize, stream: &Stream) -> cuferry::Result<()> {
+        self.inner.wait_stream_for_ready(device, stream)
+    }
+    fn release(&self, device: usize, stream: &Stream) -> cuferry::Result<()> {
+        self.inner.release(device, stream)
+    }
+    fn device_slot(&self, device: usize) -> cuferry::Result<&DeviceBuffer<u8>> {
+        self.inner.device_slot(device)
+    }
+    fn close(&self) -> cuferry::Result<()> {
+        self.inner.close()
+    }
+}
+
+/// A failed submission returns the error to its producer; the ring stays usable and never
+/// hands out the slot.
+fn failed_submissions(device: Device) {
+    let mut inner = StreamTransferBackend::new(device, false).unwrap();
+    inner.allocate_host_slots(2, SLOT).unwrap();
+    inner.allocate_device_slots(2, SLOT).unwrap();
+    let ring =
+        SlotRing::with_backend(Box::new(FlakyBackend { inner, calls: AtomicUsize::new(0), fail_every: 4 }))
+            .unwrap();
+    let stream = Stream::new(device).unwrap();
+    let delivered = Arc::new(Mutex::new(Vec::new()));
+    for seq in 0..20u64 {
+        let data = payload(0, seq);
+        let mut slot = ring.acquire().unwrap();
+        slot.bytes_mut()[..data.len()].copy_from_slice(&data);
+        match slot.publish(SlotMeta::new(seq, SlotLayout::bytes(data.len()))) {
+            Ok(()) => {
+                let got = ring.next(&stream).unwrap();
+                check_slot(&got, &stream, 0);
+                delivered.lock().unwrap().push(got.meta().sequence);
+            }
+            Err(Error::Unsupported { what }) => assert!(what.contains("injected")),
+            Err(e) => panic!("unexpected {e:?}"),
+        }
+        assert!(
+            matches!(ring.try_next(&stream), Err(Error::WouldBlock { .. })),
+            "a failed slot was handed out"
+        );
+    }
+    let want: Vec<u64> = (0..20).filter(|s| s % 4 != 3).collect();
+    assert_eq!(*delivered.lock().unwrap(), want);
+    assert_eq!(ring.stats().occupancy, 0);
+}
+
+#[test]
+fn pack_executor_copies_every_byte() {
+    let mut rng = common::Rng::new(3);
+    for threads in [1, 2, 5] {
+        let pool = PackExecutor::new(threads).unwrap();
+        for len in [0, 1, 1000, 256 << 10, (256 << 10) + 1, 3 << 20, (5 << 20) + 77] {
+            let src = rng.bytes(len);
+            let mut dst = vec![0u8; len];
+            pool.copy(&src, &mut dst).unwrap();
+            assert!(src == dst, "threads {threads}, len {len}");
+        }
+    }
+    assert!(PackExecutor::new(0).is_err());
+    let pool = PackExecutor::new(2).unwrap();
+    assert!(pool.copy(&[1, 2], &mut [0; 3]).is_err());
+}
+
+#[test]
+fn bad_ring_options() {
+    assert!(SlotRing::new(Device::Host, RingOptions::new(0, 16)).is_err());
+    assert!(SlotRing::new(Device::Host, RingOptions::new(2, 0)).is_err());
+    let empty = StreamTransferBackend::new(Device::Host, false).unwrap();
+    assert!(SlotRing::with_backend(Box::new(empty)).is_err());
+}
