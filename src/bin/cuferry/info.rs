@@ -1,40 +1,18 @@
-//! The `cuferry` command-line tool.
+//! `cuferry info`: devices, memory, versions, or why only the host backend runs.
 //!
-//! Rules: `cuferry info` always succeeds on a machine without a GPU, driver or CUDA build: it
-//! then reports the host backend and the reason CUDA is absent. A failure to read a device
-//! that does exist is reported on that device's line and makes the exit code non-zero.
+//! Rules: it succeeds on a machine without a GPU, driver or CUDA build, reporting the host
+//! backend and the reason; a device that exists but cannot be read fails the exit code.
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
 use cuferry::{Device, Error};
-
-/// Moves data on and between NVIDIA GPUs.
-#[derive(Parser)]
-#[command(name = "cuferry", version, about)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Devices, memory, CUDA runtime and driver versions, or why only the host backend runs.
-    Info,
-}
-
-fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match cli.command {
-        Command::Info => info(),
-    }
-}
 
 fn gib(bytes: usize) -> String {
     format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
 }
 
-fn info() -> ExitCode {
+/// Prints the report.
+pub fn run() -> ExitCode {
     println!("cuferry {}", env!("CARGO_PKG_VERSION"));
     println!("build: {}", cuferry::cuda_build_note());
     if !cuferry::cuda_built() {

@@ -1,0 +1,101 @@
+//! `cuferry bench`: bandwidth of cuferry's paths, each next to the ceiling and the baseline a
+//! user would otherwise use, all measured in the same run on the same device.
+//!
+//! Rules:
+//! - Every figure is a median of repeats after a warm-up; device work is timed to completion.
+//! - Ratios are only ever taken between figures of one run (ARCHITECTURE's rule); absolute
+//!   figures are reported with the device named.
+//! - Without a GPU the same sections run on the host backend, against memcpy.
+
+mod measure;
+mod report;
+mod ring;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, ValueEnum};
+use cuferry::Device;
+
+/// Which parts to measure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Section {
+    /// The slot ring: pinned and pageable sources, slot sizes, depths, fill threads.
+    Ring,
+}
+
+/// Options of `cuferry bench`.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Device to measure: `host`, `cuda:N`, or `auto` (the first CUDA device, else host).
+    #[arg(long, default_value = "auto")]
+    device: String,
+    /// Sections to run (all when none is given).
+    #[arg(long, value_enum)]
+    section: Vec<Section>,
+    /// A shorter sweep (fewer sizes, depths and threads, smaller totals).
+    #[arg(long)]
+    quick: bool,
+    /// Write every figure as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+fn parse_device(text: &str) -> Result<Device, String> {
+    match text {
+        "auto" => Ok(if Device::cuda_count() > 0 { Device::Cuda(0) } else { Device::Host }),
+        "host" => Ok(Device::Host),
+        other => other
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse().ok())
+            .map(Device::Cuda)
+            .ok_or_else(|| format!("unknown device {other:?}: use host, cuda:N or auto")),
+    }
+}
+
+/// Runs the chosen sections and prints the table.
+pub fn run(args: &BenchArgs) -> ExitCode {
+    let device = match parse_device(&args.device) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("cuferry bench: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let sections = if args.section.is_empty() { vec![Section::Ring] } else { args.section.clone() };
+    let device_name = match device {
+        Device::Host => {
+            format!("host backend ({} threads)", std::thread::available_parallelism().map_or(1, |n| n.get()))
+        }
+        Device::Cuda(_) => {
+            device.properties().map_or_else(|e| format!("{device} ({e})"), |p| format!("{device} {}", p.name))
+        }
+    };
+    println!("cuferry bench on {device_name}");
+    let mut rows = Vec::new();
+    let mut failed = false;
+    for section in sections {
+        let result = match section {
+            Section::Ring => ring::run(device, args.quick),
+        };
+        match result {
+            Ok(mut r) => rows.append(&mut r),
+            Err(e) => {
+                eprintln!("cuferry bench: section {section:?} failed: {e}");
+                failed = true;
+            }
+        }
+    }
+    println!("{}", report::table(&rows));
+    if let Some(path) = &args.json {
+        if let Err(e) = report::write_json(path, &device_name, &rows) {
+            eprintln!("cuferry bench: cannot write {}: {e}", path.display());
+            failed = true;
+        }
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}

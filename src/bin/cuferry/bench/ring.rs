@@ -1,0 +1,182 @@
+//! The ring section: sustained throughput of a [`SlotRing`] for slot sizes, depths and fill
+//! threads, from pinned sources (the data is already in the slots) and pageable sources (the
+//! producer copies it in with a pack executor), against, in the same run:
+//! - one large pinned copy (the link's ceiling; on the host backend: a host-stream copy);
+//! - a direct copy from pageable memory (what a user does without the ring);
+//! - a parallel host memcpy with as many threads as the largest fill (the fill's ceiling).
+
+use std::time::Instant;
+
+use cuferry::ring::{PackExecutor, RingOptions, SlotLayout, SlotMeta, SlotRing};
+use cuferry::{copy, Device, DeviceBuffer, PinnedBuffer, Result, Stream};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::measure::{gbps, median_secs};
+use super::report::Row;
+
+const KIB: usize = 1 << 10;
+const MIB: usize = 1 << 20;
+
+struct Sweep {
+    sizes: Vec<usize>,
+    depths: Vec<usize>,
+    threads: Vec<usize>,
+    /// Bytes streamed per measurement (at least a few rounds of the ring).
+    total: usize,
+    /// Bytes of the ceiling and baseline copies.
+    reference: usize,
+}
+
+fn sweep(device: Device, quick: bool) -> Sweep {
+    // Device slots of the host backend are host memory too: keep its largest sizes modest.
+    let max_slot = if device.is_host() { 64 * MIB } else { 256 * MIB };
+    let sizes: Vec<usize> = if quick {
+        vec![64 * KIB, MIB, 4 * MIB, 16 * MIB]
+    } else {
+        vec![64 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB]
+    };
+    Sweep {
+        sizes: sizes.into_iter().filter(|&s| s <= max_slot).collect(),
+        depths: if quick { vec![2, 4] } else { vec![2, 4, 8] },
+        threads: if quick { vec![1, 4] } else { vec![1, 4, 8, 16] },
+        total: if quick { 128 * MIB } else { 512 * MIB },
+        reference: if quick { 64 * MIB } else { 256 * MIB },
+    }
+}
+
+/// Streams `items` slots of `slot` bytes through a fresh ring; returns seconds. With `fill`,
+/// the producer copies each slot from successive windows of a pageable source.
+fn stream(
+    device: Device,
+    slot: usize,
+    depth: usize,
+    items: usize,
+    fill: Option<(&PackExecutor, &[u8])>,
+) -> Result<f64> {
+    let ring = SlotRing::new(device, RingOptions::new(depth, slot))?;
+    let consumer = Stream::new(device)?;
+    // One round untimed: first touches of the slots.
+    run_items(&ring, &consumer, slot, depth, fill)?;
+    let start = Instant::now();
+    run_items(&ring, &consumer, slot, items, fill)?;
+    ring.synchronize()?;
+    consumer.synchronize()?;
+    Ok(start.elapsed().as_secs_f64())
+}
+
+fn run_items(
+    ring: &SlotRing,
+    consumer: &Stream,
+    slot: usize,
+    items: usize,
+    fill: Option<(&PackExecutor, &[u8])>,
+) -> Result<()> {
+    std::thread::scope(|scope| {
+        let producer = scope.spawn(|| -> Result<()> {
+            for i in 0..items {
+                let mut s = ring.acquire()?;
+                if let Some((pool, source)) = fill {
+                    let windows = (source.len() / slot).max(1);
+                    let off = (i % windows) * slot;
+                    s.fill_from(pool, 0, &source[off..off + slot])?;
+                }
+                s.publish(SlotMeta { sequence: i as u64, bytes: slot, layout: SlotLayout::bytes(slot) })?;
+            }
+            Ok(())
+        });
+        let consumed = (0..items).try_for_each(|_| ring.next(consumer).map(drop));
+        let produced = producer
+            .join()
+            .unwrap_or_else(|_| Err(cuferry::Error::Unsupported { what: "producer panicked".into() }));
+        if consumed.is_err() {
+            ring.close();
+        }
+        produced.and(consumed)
+    })
+}
+
+/// One large pinned -> device copy (host backend: host-stream copy), GB/s.
+fn pinned_copy(device: Device, bytes: usize) -> Result<f64> {
+    let stream = Stream::new(device)?;
+    let src = PinnedBuffer::<u8>::zeroed(device, bytes)?;
+    let mut dst = DeviceBuffer::<u8>::zeroed(&stream, bytes)?;
+    let secs = median_secs(5, || {
+        copy(&stream, &src, &mut dst)?;
+        dst.synchronize()
+    })?;
+    Ok(gbps(bytes, secs))
+}
+
+/// A direct copy from pageable memory to the device, GB/s.
+fn pageable_copy(device: Device, bytes: usize) -> Result<f64> {
+    let stream = Stream::new(device)?;
+    let src = vec![1u8; bytes];
+    let mut dst = DeviceBuffer::<u8>::zeroed(&stream, bytes)?;
+    let secs = median_secs(5, || dst.copy_from_slice(&stream, &src))?;
+    Ok(gbps(bytes, secs))
+}
+
+/// A parallel host memcpy pageable -> pinned with `threads` threads, GB/s.
+fn parallel_memcpy(device: Device, bytes: usize, threads: usize) -> Result<f64> {
+    let pool = PackExecutor::new(threads)?;
+    let src = vec![1u8; bytes];
+    let mut dst = PinnedBuffer::<u8>::zeroed(device, bytes)?;
+    let dst = dst.as_mut_slice()?;
+    let secs = median_secs(5, || pool.copy(&src, dst))?;
+    Ok(gbps(bytes, secs))
+}
+
+/// Runs the sweep and returns its rows.
+pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
+    let sw = sweep(device, quick);
+    let max_threads = sw.threads.iter().copied().max().unwrap_or(1);
+    let configs = sw.sizes.len() * sw.depths.len() * (1 + sw.threads.len()) + 3;
+    let bar = ProgressBar::new(configs as u64).with_message("ring");
+    if let Ok(style) = ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} {elapsed}") {
+        bar.set_style(style);
+    }
+    let link_name = if device.is_host() { "host copy" } else { "pinned copy" };
+    let link = pinned_copy(device, sw.reference)?;
+    bar.inc(1);
+    let direct = pageable_copy(device, sw.reference)?;
+    bar.inc(1);
+    let memcpy = parallel_memcpy(device, sw.reference, max_threads)?;
+    bar.inc(1);
+    let fill_ceiling = memcpy.min(link);
+    let fill_ceiling_name =
+        if memcpy < link { format!("{max_threads}-thread memcpy") } else { link_name.to_string() };
+    let source = vec![7u8; sw.reference.max(sw.sizes.iter().copied().max().unwrap_or(0))];
+    let mut rows = Vec::new();
+    for &slot in &sw.sizes {
+        for &depth in &sw.depths {
+            let items = (sw.total / slot).max(2 * depth + 2);
+            let secs = stream(device, slot, depth, items, None)?;
+            bar.inc(1);
+            rows.push(Row {
+                section: "ring",
+                case: "pinned source".into(),
+                bytes: slot,
+                params: format!("depth {depth}"),
+                gbps: gbps(items * slot, secs),
+                ceiling: Some((link_name.into(), link)),
+                baseline: None,
+            });
+            for &threads in &sw.threads {
+                let pool = PackExecutor::new(threads)?;
+                let secs = stream(device, slot, depth, items, Some((&pool, &source)))?;
+                bar.inc(1);
+                rows.push(Row {
+                    section: "ring",
+                    case: "pageable source".into(),
+                    bytes: slot,
+                    params: format!("depth {depth}, {threads} fill threads"),
+                    gbps: gbps(items * slot, secs),
+                    ceiling: Some((fill_ceiling_name.clone(), fill_ceiling)),
+                    baseline: Some(("direct pageable copy".into(), direct)),
+                });
+            }
+        }
+    }
+    bar.finish_and_clear();
+    Ok(rows)
+}
