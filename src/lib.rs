@@ -40,6 +40,7 @@ pub mod device;
 mod error;
 pub mod event;
 pub mod halo;
+pub mod linop;
 pub mod memory;
 pub mod ring;
 pub mod stream;

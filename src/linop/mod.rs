@@ -1,0 +1,1 @@
+//! Named linear operators split into tiles across devices (work in progress).
