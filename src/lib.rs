@@ -46,6 +46,7 @@ pub mod ring;
 pub mod stream;
 #[doc(hidden)]
 pub mod sys;
+mod topology;
 
 pub use copy::{copy, copy_range, CopyDirection};
 pub use device::{
@@ -56,3 +57,4 @@ pub use error::{take_drop_error, Error, Result};
 pub use event::Event;
 pub use memory::{DeviceBuffer, Element, HostRegistration, Memory, MemoryKind, PinnedBuffer, PinnedOptions};
 pub use stream::Stream;
+pub use topology::{topology, DeviceLinks, Topology};

@@ -32,6 +32,7 @@ pub fn run() -> ExitCode {
         Ok(n) => n,
         Err(e @ (Error::NoDriver { .. } | Error::NoDevice { .. } | Error::Unsupported { .. })) => {
             println!("backend: host only ({e})");
+            print_topology();
             return ExitCode::SUCCESS;
         }
         Err(e) => {
@@ -73,6 +74,7 @@ pub fn run() -> ExitCode {
             }
         }
     }
+    print_topology();
     if count > 1 {
         println!("peer access (row can access column):");
         for a in 0..count {
@@ -90,5 +92,29 @@ pub fn run() -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+/// PCIe and NVLink from NVML; a missing NVML is reported, not failed.
+fn print_topology() {
+    let topo = cuferry::topology();
+    if let Some(why) = &topo.unavailable {
+        println!("topology: {why}");
+        return;
+    }
+    println!("NVIDIA driver: {}", topo.driver_version.as_deref().unwrap_or("unknown"));
+    for d in &topo.devices {
+        let link = |l: Option<(u32, u32)>| l.map_or("?".to_string(), |(g, w)| format!("Gen{g} x{w}"));
+        println!(
+            "  nvml {} ({}): PCIe {} (max {}), {} active NVLink(s)",
+            d.nvml_index,
+            d.cuda_ordinal.map_or("not visible to CUDA".to_string(), |i| format!("cuda:{i}")),
+            link(d.pcie_current),
+            link(d.pcie_max),
+            d.nvlinks_active
+        );
+    }
+    for (a, b, level) in &topo.pairs {
+        println!("  nvml {a} <-> nvml {b}: {level}");
     }
 }

@@ -8,6 +8,7 @@
 //! - Without a GPU the same sections run on the host backend, against memcpy.
 
 mod measure;
+mod plot;
 mod report;
 mod ring;
 
@@ -39,6 +40,9 @@ pub struct BenchArgs {
     /// Write every figure as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Draw bandwidth against size into this SVG file.
+    #[arg(long)]
+    plot: Option<PathBuf>,
 }
 
 fn parse_device(text: &str) -> Result<Device, String> {
@@ -90,6 +94,12 @@ pub fn run(args: &BenchArgs) -> ExitCode {
     if let Some(path) = &args.json {
         if let Err(e) = report::write_json(path, &device_name, &rows) {
             eprintln!("cuferry bench: cannot write {}: {e}", path.display());
+            failed = true;
+        }
+    }
+    if let Some(path) = &args.plot {
+        if let Err(e) = plot::draw(path, &format!("cuferry bench on {device_name}"), &rows) {
+            eprintln!("cuferry bench: cannot draw {}: {e}", path.display());
             failed = true;
         }
     }
