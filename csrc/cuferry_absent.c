@@ -10,77 +10,77 @@
 
 #define NB return CUFERRY_STATUS_NOT_BUILT
 
-const char *cuferry_status_name(cuferry_status status) {
+const char *cuferry_cuda_status_name(cuferry_status status) {
   return status == CUFERRY_STATUS_NOT_BUILT ? "CUFERRY_STATUS_NOT_BUILT" : "CUFERRY_STATUS_UNKNOWN";
 }
-const char *cuferry_status_string(cuferry_status status) {
+const char *cuferry_cuda_status_string(cuferry_status status) {
   return status == CUFERRY_STATUS_NOT_BUILT ? "cuferry was built without nvcc"
                                             : "unknown status (cuferry was built without nvcc)";
 }
-cuferry_status cuferry_take_last_error(void) { return CUFERRY_STATUS_SUCCESS; }
-cuferry_status cuferry_runtime_version(int32_t *version) { (void)version; NB; }
-cuferry_status cuferry_driver_version(int32_t *version) { (void)version; NB; }
-cuferry_status cuferry_device_count(int32_t *count) { (void)count; NB; }
-cuferry_status cuferry_device_properties(int32_t device, cuferry_device_props *props) {
+cuferry_status cuferry_cuda_take_last_error(void) { return CUFERRY_STATUS_SUCCESS; }
+cuferry_status cuferry_cuda_runtime_version(int32_t *version) { (void)version; NB; }
+cuferry_status cuferry_cuda_driver_version(int32_t *version) { (void)version; NB; }
+cuferry_status cuferry_cuda_device_count(int32_t *count) { (void)count; NB; }
+cuferry_status cuferry_cuda_device_properties(int32_t device, cuferry_device_props *props) {
   (void)device; (void)props; NB;
 }
-cuferry_status cuferry_device_mem_info(int32_t device, size_t *free_bytes, size_t *total_bytes) {
+cuferry_status cuferry_cuda_device_mem_info(int32_t device, size_t *free_bytes, size_t *total_bytes) {
   (void)device; (void)free_bytes; (void)total_bytes; NB;
 }
-cuferry_status cuferry_device_synchronize(int32_t device) { (void)device; NB; }
-cuferry_status cuferry_device_can_access_peer(int32_t device, int32_t peer, int32_t *can_access) {
+cuferry_status cuferry_cuda_device_synchronize(int32_t device) { (void)device; NB; }
+cuferry_status cuferry_cuda_device_can_access_peer(int32_t device, int32_t peer, int32_t *can_access) {
   (void)device; (void)peer; (void)can_access; NB;
 }
-cuferry_status cuferry_device_enable_peer_access(int32_t device, int32_t peer) {
+cuferry_status cuferry_cuda_device_enable_peer_access(int32_t device, int32_t peer) {
   (void)device; (void)peer; NB;
 }
-cuferry_status cuferry_stream_create(int32_t device, int32_t priority, cuferry_stream *stream) {
+cuferry_status cuferry_cuda_stream_create(int32_t device, int32_t priority, cuferry_stream *stream) {
   (void)device; (void)priority; (void)stream; NB;
 }
-cuferry_status cuferry_stream_destroy(cuferry_stream stream) { (void)stream; NB; }
-cuferry_status cuferry_stream_synchronize(cuferry_stream stream) { (void)stream; NB; }
-cuferry_status cuferry_stream_query(cuferry_stream stream) { (void)stream; NB; }
-cuferry_status cuferry_stream_wait_event(cuferry_stream stream, cuferry_event event) {
+cuferry_status cuferry_cuda_stream_destroy(cuferry_stream stream) { (void)stream; NB; }
+cuferry_status cuferry_cuda_stream_synchronize(cuferry_stream stream) { (void)stream; NB; }
+cuferry_status cuferry_cuda_stream_query(cuferry_stream stream) { (void)stream; NB; }
+cuferry_status cuferry_cuda_stream_wait_event(cuferry_stream stream, cuferry_event event) {
   (void)stream; (void)event; NB;
 }
-cuferry_status cuferry_stream_launch_host_fn(cuferry_stream stream, cuferry_host_fn fn,
+cuferry_status cuferry_cuda_stream_launch_host_fn(cuferry_stream stream, cuferry_host_fn fn,
                                              void *user_data) {
   (void)stream; (void)fn; (void)user_data; NB;
 }
-cuferry_status cuferry_event_create(int32_t device, int32_t timing, cuferry_event *event) {
+cuferry_status cuferry_cuda_event_create(int32_t device, int32_t timing, cuferry_event *event) {
   (void)device; (void)timing; (void)event; NB;
 }
-cuferry_status cuferry_event_destroy(cuferry_event event) { (void)event; NB; }
-cuferry_status cuferry_event_record(cuferry_event event, cuferry_stream stream) {
+cuferry_status cuferry_cuda_event_destroy(cuferry_event event) { (void)event; NB; }
+cuferry_status cuferry_cuda_event_record(cuferry_event event, cuferry_stream stream) {
   (void)event; (void)stream; NB;
 }
-cuferry_status cuferry_event_query(cuferry_event event) { (void)event; NB; }
-cuferry_status cuferry_event_synchronize(cuferry_event event) { (void)event; NB; }
-cuferry_status cuferry_event_elapsed_ms(cuferry_event start, cuferry_event end, float *ms) {
+cuferry_status cuferry_cuda_event_query(cuferry_event event) { (void)event; NB; }
+cuferry_status cuferry_cuda_event_synchronize(cuferry_event event) { (void)event; NB; }
+cuferry_status cuferry_cuda_event_elapsed_ms(cuferry_event start, cuferry_event end, float *ms) {
   (void)start; (void)end; (void)ms; NB;
 }
-cuferry_status cuferry_device_alloc(int32_t device, size_t bytes, void **ptr) {
+cuferry_status cuferry_cuda_device_alloc(int32_t device, size_t bytes, void **ptr) {
   (void)device; (void)bytes; (void)ptr; NB;
 }
-cuferry_status cuferry_device_free(int32_t device, void *ptr) { (void)device; (void)ptr; NB; }
-cuferry_status cuferry_pinned_alloc(int32_t device, size_t bytes, uint32_t flags, void **ptr) {
+cuferry_status cuferry_cuda_device_free(int32_t device, void *ptr) { (void)device; (void)ptr; NB; }
+cuferry_status cuferry_cuda_pinned_alloc(int32_t device, size_t bytes, uint32_t flags, void **ptr) {
   (void)device; (void)bytes; (void)flags; (void)ptr; NB;
 }
-cuferry_status cuferry_pinned_free(void *ptr) { (void)ptr; NB; }
-cuferry_status cuferry_host_register(int32_t device, void *ptr, size_t bytes, uint32_t flags) {
+cuferry_status cuferry_cuda_pinned_free(void *ptr) { (void)ptr; NB; }
+cuferry_status cuferry_cuda_host_register(int32_t device, void *ptr, size_t bytes, uint32_t flags) {
   (void)device; (void)ptr; (void)bytes; (void)flags; NB;
 }
-cuferry_status cuferry_host_unregister(void *ptr) { (void)ptr; NB; }
-cuferry_status cuferry_memcpy_async(void *dst, const void *src, size_t bytes,
+cuferry_status cuferry_cuda_host_unregister(void *ptr) { (void)ptr; NB; }
+cuferry_status cuferry_cuda_memcpy_async(void *dst, const void *src, size_t bytes,
                                     cuferry_copy_kind kind, cuferry_stream stream) {
   (void)dst; (void)src; (void)bytes; (void)kind; (void)stream; NB;
 }
-cuferry_status cuferry_memcpy_peer_async(void *dst, int32_t dst_device, const void *src,
+cuferry_status cuferry_cuda_memcpy_peer_async(void *dst, int32_t dst_device, const void *src,
                                          int32_t src_device, size_t bytes,
                                          cuferry_stream stream) {
   (void)dst; (void)dst_device; (void)src; (void)src_device; (void)bytes; (void)stream; NB;
 }
-cuferry_status cuferry_memset_async(void *dst, int32_t value, size_t bytes,
+cuferry_status cuferry_cuda_memset_async(void *dst, int32_t value, size_t bytes,
                                     cuferry_stream stream) {
   (void)dst; (void)value; (void)bytes; (void)stream; NB;
 }

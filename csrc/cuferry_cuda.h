@@ -10,6 +10,8 @@
  *     fault) stay reported by CUDA itself on every later call, as CUDA defines.
  *  4. Functions that create or allocate take the device ordinal and make it current first.
  *  5. Handles are opaque pointers: cuferry_stream is a cudaStream_t, cuferry_event a cudaEvent_t.
+ *  6. Function names start with cuferry_cuda_: the public C ABI (include/cuferry.h, exported by
+ *     the Rust cdylib) owns the plain cuferry_ names, and the two link into one library.
  *
  * The header is plain C (no CUDA headers) so bindgen can read it without a toolkit; the Rust
  * bindings generated from it live in src/sys/bindings.rs and a test fails when they drift.
@@ -60,17 +62,17 @@ typedef enum cuferry_copy_kind {
   CUFERRY_COPY_DEFAULT = 5
 } cuferry_copy_kind;
 
-/** Flags for cuferry_pinned_alloc (cudaHostAlloc flags). */
+/** Flags for cuferry_cuda_pinned_alloc (cudaHostAlloc flags). */
 #define CUFERRY_PINNED_PORTABLE 1u
 #define CUFERRY_PINNED_MAPPED 2u
 #define CUFERRY_PINNED_WRITE_COMBINED 4u
 
-/** Flags for cuferry_host_register (cudaHostRegister flags). */
+/** Flags for cuferry_cuda_host_register (cudaHostRegister flags). */
 #define CUFERRY_REGISTER_PORTABLE 1u
 #define CUFERRY_REGISTER_MAPPED 2u
 #define CUFERRY_REGISTER_READ_ONLY 8u
 
-/** What cuferry reports about one device; filled by cuferry_device_properties. */
+/** What cuferry reports about one device; filled by cuferry_cuda_device_properties. */
 typedef struct cuferry_device_props {
   /** NUL-terminated device name. */
   char name[256];
@@ -102,80 +104,80 @@ typedef void (*cuferry_host_fn)(void *user_data);
 /* ---- errors and versions ---------------------------------------------------------------- */
 
 /** The CUDA name of a status ("cudaErrorNoDevice"), or a cuferry name for negative codes. Never NULL. */
-const char *cuferry_status_name(cuferry_status status);
+const char *cuferry_cuda_status_name(cuferry_status status);
 /** CUDA's description of a status, or cuferry's for negative codes. Never NULL. */
-const char *cuferry_status_string(cuferry_status status);
+const char *cuferry_cuda_status_string(cuferry_status status);
 /** Returns and clears the calling thread's last CUDA error (cudaGetLastError). */
-cuferry_status cuferry_take_last_error(void);
+cuferry_status cuferry_cuda_take_last_error(void);
 /** The CUDA runtime version the library was linked against (e.g. 13000). */
-cuferry_status cuferry_runtime_version(int32_t *version);
+cuferry_status cuferry_cuda_runtime_version(int32_t *version);
 /** The installed driver's CUDA version, 0 when no driver is installed. */
-cuferry_status cuferry_driver_version(int32_t *version);
+cuferry_status cuferry_cuda_driver_version(int32_t *version);
 
 /* ---- devices ------------------------------------------------------------------------------ */
 
-cuferry_status cuferry_device_count(int32_t *count);
-cuferry_status cuferry_device_properties(int32_t device, cuferry_device_props *props);
+cuferry_status cuferry_cuda_device_count(int32_t *count);
+cuferry_status cuferry_cuda_device_properties(int32_t device, cuferry_device_props *props);
 /** Free and total device memory in bytes (cudaMemGetInfo). */
-cuferry_status cuferry_device_mem_info(int32_t device, size_t *free_bytes, size_t *total_bytes);
-cuferry_status cuferry_device_synchronize(int32_t device);
+cuferry_status cuferry_cuda_device_mem_info(int32_t device, size_t *free_bytes, size_t *total_bytes);
+cuferry_status cuferry_cuda_device_synchronize(int32_t device);
 /** Whether `device` can access memory of `peer` directly (cudaDeviceCanAccessPeer). */
-cuferry_status cuferry_device_can_access_peer(int32_t device, int32_t peer, int32_t *can_access);
+cuferry_status cuferry_cuda_device_can_access_peer(int32_t device, int32_t peer, int32_t *can_access);
 /** Lets `device` access `peer`'s memory. Enabling twice is a success. */
-cuferry_status cuferry_device_enable_peer_access(int32_t device, int32_t peer);
+cuferry_status cuferry_cuda_device_enable_peer_access(int32_t device, int32_t peer);
 
 /* ---- streams ------------------------------------------------------------------------------ */
 
 /** Creates a non-blocking stream on `device` (no implicit sync with the legacy default stream). */
-cuferry_status cuferry_stream_create(int32_t device, int32_t priority, cuferry_stream *stream);
+cuferry_status cuferry_cuda_stream_create(int32_t device, int32_t priority, cuferry_stream *stream);
 /** Destroys a stream; work already queued still completes (cudaStreamDestroy). */
-cuferry_status cuferry_stream_destroy(cuferry_stream stream);
-cuferry_status cuferry_stream_synchronize(cuferry_stream stream);
+cuferry_status cuferry_cuda_stream_destroy(cuferry_stream stream);
+cuferry_status cuferry_cuda_stream_synchronize(cuferry_stream stream);
 /** CUFERRY_STATUS_SUCCESS when all queued work is done, CUFERRY_CUDA_NOT_READY when not. */
-cuferry_status cuferry_stream_query(cuferry_stream stream);
+cuferry_status cuferry_cuda_stream_query(cuferry_stream stream);
 /** Makes future work on `stream` wait for the last record of `event`. */
-cuferry_status cuferry_stream_wait_event(cuferry_stream stream, cuferry_event event);
+cuferry_status cuferry_cuda_stream_wait_event(cuferry_stream stream, cuferry_event event);
 /** Queues `fn(user_data)` on `stream` (cudaLaunchHostFunc). `fn` must not call CUDA. */
-cuferry_status cuferry_stream_launch_host_fn(cuferry_stream stream, cuferry_host_fn fn,
+cuferry_status cuferry_cuda_stream_launch_host_fn(cuferry_stream stream, cuferry_host_fn fn,
                                              void *user_data);
 
 /* ---- events ------------------------------------------------------------------------------- */
 
 /** Creates an event on `device`; `timing` = 0 creates it with cudaEventDisableTiming. */
-cuferry_status cuferry_event_create(int32_t device, int32_t timing, cuferry_event *event);
-cuferry_status cuferry_event_destroy(cuferry_event event);
-cuferry_status cuferry_event_record(cuferry_event event, cuferry_stream stream);
+cuferry_status cuferry_cuda_event_create(int32_t device, int32_t timing, cuferry_event *event);
+cuferry_status cuferry_cuda_event_destroy(cuferry_event event);
+cuferry_status cuferry_cuda_event_record(cuferry_event event, cuferry_stream stream);
 /** CUFERRY_STATUS_SUCCESS when the last record completed (or none was made), else NOT_READY. */
-cuferry_status cuferry_event_query(cuferry_event event);
-cuferry_status cuferry_event_synchronize(cuferry_event event);
+cuferry_status cuferry_cuda_event_query(cuferry_event event);
+cuferry_status cuferry_cuda_event_synchronize(cuferry_event event);
 /** Milliseconds between two completed records of timing events. */
-cuferry_status cuferry_event_elapsed_ms(cuferry_event start, cuferry_event end, float *ms);
+cuferry_status cuferry_cuda_event_elapsed_ms(cuferry_event start, cuferry_event end, float *ms);
 
 /* ---- memory ------------------------------------------------------------------------------- */
 
 /** cudaMalloc on `device`. `bytes` = 0 yields NULL and success. */
-cuferry_status cuferry_device_alloc(int32_t device, size_t bytes, void **ptr);
+cuferry_status cuferry_cuda_device_alloc(int32_t device, size_t bytes, void **ptr);
 /** cudaFree on `device`; NULL is a no-op. */
-cuferry_status cuferry_device_free(int32_t device, void *ptr);
+cuferry_status cuferry_cuda_device_free(int32_t device, void *ptr);
 /** cudaHostAlloc with CUFERRY_PINNED_* flags, made with `device` current. */
-cuferry_status cuferry_pinned_alloc(int32_t device, size_t bytes, uint32_t flags, void **ptr);
+cuferry_status cuferry_cuda_pinned_alloc(int32_t device, size_t bytes, uint32_t flags, void **ptr);
 /** cudaFreeHost; NULL is a no-op. */
-cuferry_status cuferry_pinned_free(void *ptr);
+cuferry_status cuferry_cuda_pinned_free(void *ptr);
 /** cudaHostRegister of caller memory with CUFERRY_REGISTER_* flags. */
-cuferry_status cuferry_host_register(int32_t device, void *ptr, size_t bytes, uint32_t flags);
-cuferry_status cuferry_host_unregister(void *ptr);
+cuferry_status cuferry_cuda_host_register(int32_t device, void *ptr, size_t bytes, uint32_t flags);
+cuferry_status cuferry_cuda_host_unregister(void *ptr);
 
 /* ---- copies -------------------------------------------------------------------------------- */
 
 /** cudaMemcpyAsync of `bytes` in direction `kind` on `stream`. */
-cuferry_status cuferry_memcpy_async(void *dst, const void *src, size_t bytes,
+cuferry_status cuferry_cuda_memcpy_async(void *dst, const void *src, size_t bytes,
                                     cuferry_copy_kind kind, cuferry_stream stream);
 /** cudaMemcpyPeerAsync between two devices' memory on `stream`. */
-cuferry_status cuferry_memcpy_peer_async(void *dst, int32_t dst_device, const void *src,
+cuferry_status cuferry_cuda_memcpy_peer_async(void *dst, int32_t dst_device, const void *src,
                                          int32_t src_device, size_t bytes,
                                          cuferry_stream stream);
 /** cudaMemsetAsync of device memory to the byte `value`. */
-cuferry_status cuferry_memset_async(void *dst, int32_t value, size_t bytes,
+cuferry_status cuferry_cuda_memset_async(void *dst, int32_t value, size_t bytes,
                                     cuferry_stream stream);
 
 #ifdef __cplusplus

@@ -7,7 +7,7 @@
 
 extern "C" {
 
-cuferry_status cuferry_device_alloc(int32_t device, size_t bytes, void **ptr) {
+cuferry_status cuferry_cuda_device_alloc(int32_t device, size_t bytes, void **ptr) {
   CF_REQUIRE(ptr);
   if (bytes == 0) {
     *ptr = nullptr;
@@ -20,7 +20,7 @@ cuferry_status cuferry_device_alloc(int32_t device, size_t bytes, void **ptr) {
   return CUFERRY_STATUS_SUCCESS;
 }
 
-cuferry_status cuferry_device_free(int32_t device, void *ptr) {
+cuferry_status cuferry_cuda_device_free(int32_t device, void *ptr) {
   if (ptr == nullptr) {
     return CUFERRY_STATUS_SUCCESS;
   }
@@ -28,7 +28,7 @@ cuferry_status cuferry_device_free(int32_t device, void *ptr) {
   return cf_check(cudaFree(ptr));
 }
 
-cuferry_status cuferry_pinned_alloc(int32_t device, size_t bytes, uint32_t flags, void **ptr) {
+cuferry_status cuferry_cuda_pinned_alloc(int32_t device, size_t bytes, uint32_t flags, void **ptr) {
   CF_REQUIRE(ptr);
   if (bytes == 0) {
     *ptr = nullptr;
@@ -45,14 +45,14 @@ cuferry_status cuferry_pinned_alloc(int32_t device, size_t bytes, uint32_t flags
   return CUFERRY_STATUS_SUCCESS;
 }
 
-cuferry_status cuferry_pinned_free(void *ptr) {
+cuferry_status cuferry_cuda_pinned_free(void *ptr) {
   if (ptr == nullptr) {
     return CUFERRY_STATUS_SUCCESS;
   }
   return cf_check(cudaFreeHost(ptr));
 }
 
-cuferry_status cuferry_host_register(int32_t device, void *ptr, size_t bytes, uint32_t flags) {
+cuferry_status cuferry_cuda_host_register(int32_t device, void *ptr, size_t bytes, uint32_t flags) {
   CF_REQUIRE(ptr);
   unsigned cuda_flags = cudaHostRegisterDefault;
   if (flags & CUFERRY_REGISTER_PORTABLE) cuda_flags |= cudaHostRegisterPortable;
@@ -62,7 +62,7 @@ cuferry_status cuferry_host_register(int32_t device, void *ptr, size_t bytes, ui
   return cf_check(cudaHostRegister(ptr, bytes, cuda_flags));
 }
 
-cuferry_status cuferry_host_unregister(void *ptr) {
+cuferry_status cuferry_cuda_host_unregister(void *ptr) {
   CF_REQUIRE(ptr);
   return cf_check(cudaHostUnregister(ptr));
 }
@@ -88,7 +88,7 @@ static bool cf_copy_kind(cuferry_copy_kind kind, cudaMemcpyKind *out) {
   return false;
 }
 
-cuferry_status cuferry_memcpy_async(void *dst, const void *src, size_t bytes,
+cuferry_status cuferry_cuda_memcpy_async(void *dst, const void *src, size_t bytes,
                                     cuferry_copy_kind kind, cuferry_stream stream) {
   CF_REQUIRE(stream);
   cudaMemcpyKind cuda_kind;
@@ -103,7 +103,7 @@ cuferry_status cuferry_memcpy_async(void *dst, const void *src, size_t bytes,
   return cf_check(cudaMemcpyAsync(dst, src, bytes, cuda_kind, cf_stream(stream)));
 }
 
-cuferry_status cuferry_memcpy_peer_async(void *dst, int32_t dst_device, const void *src,
+cuferry_status cuferry_cuda_memcpy_peer_async(void *dst, int32_t dst_device, const void *src,
                                          int32_t src_device, size_t bytes,
                                          cuferry_stream stream) {
   CF_REQUIRE(stream);
@@ -116,7 +116,7 @@ cuferry_status cuferry_memcpy_peer_async(void *dst, int32_t dst_device, const vo
       cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, cf_stream(stream)));
 }
 
-cuferry_status cuferry_memset_async(void *dst, int32_t value, size_t bytes,
+cuferry_status cuferry_cuda_memset_async(void *dst, int32_t value, size_t bytes,
                                     cuferry_stream stream) {
   CF_REQUIRE(stream);
   if (bytes == 0) {

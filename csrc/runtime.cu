@@ -5,7 +5,7 @@
 
 extern "C" {
 
-const char *cuferry_status_name(cuferry_status status) {
+const char *cuferry_cuda_status_name(cuferry_status status) {
   switch (status) {
     case CUFERRY_STATUS_NOT_BUILT:
       return "CUFERRY_STATUS_NOT_BUILT";
@@ -22,7 +22,7 @@ const char *cuferry_status_name(cuferry_status status) {
   return cudaGetErrorName(static_cast<cudaError_t>(status));
 }
 
-const char *cuferry_status_string(cuferry_status status) {
+const char *cuferry_cuda_status_string(cuferry_status status) {
   switch (status) {
     case CUFERRY_STATUS_NOT_BUILT:
       return "cuferry was built without nvcc";
@@ -39,11 +39,11 @@ const char *cuferry_status_string(cuferry_status status) {
   return cudaGetErrorString(static_cast<cudaError_t>(status));
 }
 
-cuferry_status cuferry_take_last_error(void) {
+cuferry_status cuferry_cuda_take_last_error(void) {
   return static_cast<cuferry_status>(cudaGetLastError());
 }
 
-cuferry_status cuferry_runtime_version(int32_t *version) {
+cuferry_status cuferry_cuda_runtime_version(int32_t *version) {
   CF_REQUIRE(version);
   int v = 0;
   CF_TRY(cudaRuntimeGetVersion(&v));
@@ -51,7 +51,7 @@ cuferry_status cuferry_runtime_version(int32_t *version) {
   return CUFERRY_STATUS_SUCCESS;
 }
 
-cuferry_status cuferry_driver_version(int32_t *version) {
+cuferry_status cuferry_cuda_driver_version(int32_t *version) {
   CF_REQUIRE(version);
   int v = 0;
   CF_TRY(cudaDriverGetVersion(&v));
@@ -59,7 +59,7 @@ cuferry_status cuferry_driver_version(int32_t *version) {
   return CUFERRY_STATUS_SUCCESS;
 }
 
-cuferry_status cuferry_device_count(int32_t *count) {
+cuferry_status cuferry_cuda_device_count(int32_t *count) {
   CF_REQUIRE(count);
   int n = 0;
   CF_TRY(cudaGetDeviceCount(&n));
@@ -74,7 +74,7 @@ static cuferry_status cf_attr(int32_t *out, cudaDeviceAttr attr, int device) {
   return CUFERRY_STATUS_SUCCESS;
 }
 
-cuferry_status cuferry_device_properties(int32_t device, cuferry_device_props *props) {
+cuferry_status cuferry_cuda_device_properties(int32_t device, cuferry_device_props *props) {
   CF_REQUIRE(props);
   cudaDeviceProp prop;
   CF_TRY(cudaGetDeviceProperties(&prop, device));
@@ -114,7 +114,7 @@ cuferry_status cuferry_device_properties(int32_t device, cuferry_device_props *p
   return CUFERRY_STATUS_SUCCESS;
 }
 
-cuferry_status cuferry_device_mem_info(int32_t device, size_t *free_bytes, size_t *total_bytes) {
+cuferry_status cuferry_cuda_device_mem_info(int32_t device, size_t *free_bytes, size_t *total_bytes) {
   CF_REQUIRE(free_bytes);
   CF_REQUIRE(total_bytes);
   CF_TRY(cudaSetDevice(device));
@@ -125,13 +125,13 @@ cuferry_status cuferry_device_mem_info(int32_t device, size_t *free_bytes, size_
   return CUFERRY_STATUS_SUCCESS;
 }
 
-cuferry_status cuferry_device_synchronize(int32_t device) {
+cuferry_status cuferry_cuda_device_synchronize(int32_t device) {
   CF_TRY(cudaSetDevice(device));
   CF_TRY(cudaDeviceSynchronize());
   return CUFERRY_STATUS_SUCCESS;
 }
 
-cuferry_status cuferry_device_can_access_peer(int32_t device, int32_t peer, int32_t *can_access) {
+cuferry_status cuferry_cuda_device_can_access_peer(int32_t device, int32_t peer, int32_t *can_access) {
   CF_REQUIRE(can_access);
   int v = 0;
   CF_TRY(cudaDeviceCanAccessPeer(&v, device, peer));
@@ -139,7 +139,7 @@ cuferry_status cuferry_device_can_access_peer(int32_t device, int32_t peer, int3
   return CUFERRY_STATUS_SUCCESS;
 }
 
-cuferry_status cuferry_device_enable_peer_access(int32_t device, int32_t peer) {
+cuferry_status cuferry_cuda_device_enable_peer_access(int32_t device, int32_t peer) {
   CF_TRY(cudaSetDevice(device));
   cudaError_t err = cudaDeviceEnablePeerAccess(peer, 0);
   if (err == cudaErrorPeerAccessAlreadyEnabled) {

@@ -6,7 +6,7 @@
 
 extern "C" {
 
-cuferry_status cuferry_stream_create(int32_t device, int32_t priority, cuferry_stream *stream) {
+cuferry_status cuferry_cuda_stream_create(int32_t device, int32_t priority, cuferry_stream *stream) {
   CF_REQUIRE(stream);
   CF_TRY(cudaSetDevice(device));
   cudaStream_t s = nullptr;
@@ -15,35 +15,35 @@ cuferry_status cuferry_stream_create(int32_t device, int32_t priority, cuferry_s
   return CUFERRY_STATUS_SUCCESS;
 }
 
-cuferry_status cuferry_stream_destroy(cuferry_stream stream) {
+cuferry_status cuferry_cuda_stream_destroy(cuferry_stream stream) {
   CF_REQUIRE(stream);
   return cf_check(cudaStreamDestroy(cf_stream(stream)));
 }
 
-cuferry_status cuferry_stream_synchronize(cuferry_stream stream) {
+cuferry_status cuferry_cuda_stream_synchronize(cuferry_stream stream) {
   CF_REQUIRE(stream);
   return cf_check(cudaStreamSynchronize(cf_stream(stream)));
 }
 
-cuferry_status cuferry_stream_query(cuferry_stream stream) {
+cuferry_status cuferry_cuda_stream_query(cuferry_stream stream) {
   CF_REQUIRE(stream);
   return cf_check(cudaStreamQuery(cf_stream(stream)));
 }
 
-cuferry_status cuferry_stream_wait_event(cuferry_stream stream, cuferry_event event) {
+cuferry_status cuferry_cuda_stream_wait_event(cuferry_stream stream, cuferry_event event) {
   CF_REQUIRE(stream);
   CF_REQUIRE(event);
   return cf_check(cudaStreamWaitEvent(cf_stream(stream), cf_event(event), 0));
 }
 
-cuferry_status cuferry_stream_launch_host_fn(cuferry_stream stream, cuferry_host_fn fn,
+cuferry_status cuferry_cuda_stream_launch_host_fn(cuferry_stream stream, cuferry_host_fn fn,
                                              void *user_data) {
   CF_REQUIRE(stream);
   CF_REQUIRE(fn);
   return cf_check(cudaLaunchHostFunc(cf_stream(stream), fn, user_data));
 }
 
-cuferry_status cuferry_event_create(int32_t device, int32_t timing, cuferry_event *event) {
+cuferry_status cuferry_cuda_event_create(int32_t device, int32_t timing, cuferry_event *event) {
   CF_REQUIRE(event);
   CF_TRY(cudaSetDevice(device));
   cudaEvent_t e = nullptr;
@@ -53,28 +53,28 @@ cuferry_status cuferry_event_create(int32_t device, int32_t timing, cuferry_even
   return CUFERRY_STATUS_SUCCESS;
 }
 
-cuferry_status cuferry_event_destroy(cuferry_event event) {
+cuferry_status cuferry_cuda_event_destroy(cuferry_event event) {
   CF_REQUIRE(event);
   return cf_check(cudaEventDestroy(cf_event(event)));
 }
 
-cuferry_status cuferry_event_record(cuferry_event event, cuferry_stream stream) {
+cuferry_status cuferry_cuda_event_record(cuferry_event event, cuferry_stream stream) {
   CF_REQUIRE(event);
   CF_REQUIRE(stream);
   return cf_check(cudaEventRecord(cf_event(event), cf_stream(stream)));
 }
 
-cuferry_status cuferry_event_query(cuferry_event event) {
+cuferry_status cuferry_cuda_event_query(cuferry_event event) {
   CF_REQUIRE(event);
   return cf_check(cudaEventQuery(cf_event(event)));
 }
 
-cuferry_status cuferry_event_synchronize(cuferry_event event) {
+cuferry_status cuferry_cuda_event_synchronize(cuferry_event event) {
   CF_REQUIRE(event);
   return cf_check(cudaEventSynchronize(cf_event(event)));
 }
 
-cuferry_status cuferry_event_elapsed_ms(cuferry_event start, cuferry_event end, float *ms) {
+cuferry_status cuferry_cuda_event_elapsed_ms(cuferry_event start, cuferry_event end, float *ms) {
   CF_REQUIRE(start);
   CF_REQUIRE(end);
   CF_REQUIRE(ms);

@@ -8,7 +8,7 @@ use crate::sys;
 pub(crate) fn runtime_version() -> Result<i32> {
     let mut v = 0;
     // SAFETY: `v` is a valid out-pointer for the duration of the call.
-    check("cudaRuntimeGetVersion", unsafe { sys::cuferry_runtime_version(&mut v) })?;
+    check("cudaRuntimeGetVersion", unsafe { sys::cuferry_cuda_runtime_version(&mut v) })?;
     Ok(v)
 }
 
@@ -16,7 +16,7 @@ pub(crate) fn runtime_version() -> Result<i32> {
 pub(crate) fn driver_version() -> Result<i32> {
     let mut v = 0;
     // SAFETY: `v` is a valid out-pointer for the duration of the call.
-    check("cudaDriverGetVersion", unsafe { sys::cuferry_driver_version(&mut v) })?;
+    check("cudaDriverGetVersion", unsafe { sys::cuferry_cuda_driver_version(&mut v) })?;
     Ok(v)
 }
 
@@ -24,7 +24,7 @@ pub(crate) fn driver_version() -> Result<i32> {
 pub(crate) fn count() -> Result<u32> {
     let mut n = 0;
     // SAFETY: `n` is a valid out-pointer for the duration of the call.
-    check("cudaGetDeviceCount", unsafe { sys::cuferry_device_count(&mut n) })?;
+    check("cudaGetDeviceCount", unsafe { sys::cuferry_cuda_device_count(&mut n) })?;
     Ok(u32::try_from(n).unwrap_or(0))
 }
 
@@ -34,7 +34,7 @@ pub(crate) fn properties(device: u32) -> Result<sys::cuferry_device_props> {
     let mut props = std::mem::MaybeUninit::<sys::cuferry_device_props>::zeroed();
     // SAFETY: `props` points to writable memory of the struct's size; the call writes it whole
     // on success only.
-    check("cudaGetDeviceProperties", unsafe { sys::cuferry_device_properties(dev, props.as_mut_ptr()) })?;
+    check("cudaGetDeviceProperties", unsafe { sys::cuferry_cuda_device_properties(dev, props.as_mut_ptr()) })?;
     // SAFETY: zero-initialised plain C data (ints and a char array) is a valid value, and the
     // successful call filled it.
     Ok(unsafe { props.assume_init() })
@@ -45,7 +45,7 @@ pub(crate) fn mem_info(device: u32) -> Result<(usize, usize)> {
     let dev = ordinal(device)?;
     let (mut free, mut total) = (0usize, 0usize);
     // SAFETY: both out-pointers are valid for the duration of the call.
-    check("cudaMemGetInfo", unsafe { sys::cuferry_device_mem_info(dev, &mut free, &mut total) })?;
+    check("cudaMemGetInfo", unsafe { sys::cuferry_cuda_device_mem_info(dev, &mut free, &mut total) })?;
     Ok((free, total))
 }
 
@@ -54,7 +54,7 @@ pub(crate) fn can_access_peer(device: u32, peer: u32) -> Result<bool> {
     let (dev, peer) = (ordinal(device)?, ordinal(peer)?);
     let mut v = 0;
     // SAFETY: `v` is a valid out-pointer for the duration of the call.
-    check("cudaDeviceCanAccessPeer", unsafe { sys::cuferry_device_can_access_peer(dev, peer, &mut v) })?;
+    check("cudaDeviceCanAccessPeer", unsafe { sys::cuferry_cuda_device_can_access_peer(dev, peer, &mut v) })?;
     Ok(v != 0)
 }
 
@@ -62,5 +62,5 @@ pub(crate) fn can_access_peer(device: u32, peer: u32) -> Result<bool> {
 pub(crate) fn enable_peer_access(device: u32, peer: u32) -> Result<()> {
     let (dev, peer) = (ordinal(device)?, ordinal(peer)?);
     // SAFETY: plain integer arguments.
-    check("cudaDeviceEnablePeerAccess", unsafe { sys::cuferry_device_enable_peer_access(dev, peer) })
+    check("cudaDeviceEnablePeerAccess", unsafe { sys::cuferry_cuda_device_enable_peer_access(dev, peer) })
 }

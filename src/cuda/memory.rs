@@ -31,7 +31,7 @@ pub(crate) fn device_alloc(device: u32, bytes: usize) -> Result<*mut c_void> {
     let dev = ordinal(device)?;
     let mut p = std::ptr::null_mut();
     // SAFETY: `p` is a valid out-pointer for the duration of the call.
-    check("cudaMalloc", unsafe { sys::cuferry_device_alloc(dev, bytes, &mut p) })?;
+    check("cudaMalloc", unsafe { sys::cuferry_cuda_device_alloc(dev, bytes, &mut p) })?;
     Ok(p)
 }
 
@@ -43,7 +43,7 @@ pub(crate) fn device_alloc(device: u32, bytes: usize) -> Result<*mut c_void> {
 pub(crate) unsafe fn device_free(device: u32, ptr: *mut c_void) -> Result<()> {
     let dev = ordinal(device)?;
     // SAFETY: precondition 1.
-    check("cudaFree", unsafe { sys::cuferry_device_free(dev, ptr) })
+    check("cudaFree", unsafe { sys::cuferry_cuda_device_free(dev, ptr) })
 }
 
 /// `cudaHostAlloc` with `CUFERRY_PINNED_*` flags; `bytes == 0` gives a null pointer.
@@ -51,7 +51,7 @@ pub(crate) fn pinned_alloc(device: u32, bytes: usize, flags: u32) -> Result<*mut
     let dev = ordinal(device)?;
     let mut p = std::ptr::null_mut();
     // SAFETY: `p` is a valid out-pointer for the duration of the call.
-    check("cudaHostAlloc", unsafe { sys::cuferry_pinned_alloc(dev, bytes, flags, &mut p) })?;
+    check("cudaHostAlloc", unsafe { sys::cuferry_cuda_pinned_alloc(dev, bytes, flags, &mut p) })?;
     Ok(p)
 }
 
@@ -62,7 +62,7 @@ pub(crate) fn pinned_alloc(device: u32, bytes: usize, flags: u32) -> Result<*mut
 /// 1. `ptr` came from [`pinned_alloc`] (or is null) and no queued work uses it.
 pub(crate) unsafe fn pinned_free(ptr: *mut c_void) -> Result<()> {
     // SAFETY: precondition 1.
-    check("cudaFreeHost", unsafe { sys::cuferry_pinned_free(ptr) })
+    check("cudaFreeHost", unsafe { sys::cuferry_cuda_pinned_free(ptr) })
 }
 
 /// `cudaHostRegister` with `CUFERRY_REGISTER_*` flags.
@@ -73,7 +73,7 @@ pub(crate) unsafe fn pinned_free(ptr: *mut c_void) -> Result<()> {
 pub(crate) unsafe fn host_register(device: u32, ptr: *mut c_void, bytes: usize, flags: u32) -> Result<()> {
     let dev = ordinal(device)?;
     // SAFETY: precondition 1.
-    check("cudaHostRegister", unsafe { sys::cuferry_host_register(dev, ptr, bytes, flags) })
+    check("cudaHostRegister", unsafe { sys::cuferry_cuda_host_register(dev, ptr, bytes, flags) })
 }
 
 /// `cudaHostUnregister`.
@@ -83,7 +83,7 @@ pub(crate) unsafe fn host_register(device: u32, ptr: *mut c_void, bytes: usize, 
 /// 1. `ptr` was registered by [`host_register`] and no queued work uses it.
 pub(crate) unsafe fn host_unregister(ptr: *mut c_void) -> Result<()> {
     // SAFETY: precondition 1.
-    check("cudaHostUnregister", unsafe { sys::cuferry_host_unregister(ptr) })
+    check("cudaHostUnregister", unsafe { sys::cuferry_cuda_host_unregister(ptr) })
 }
 
 /// `cudaMemcpyAsync`.
@@ -100,7 +100,7 @@ pub(crate) unsafe fn memcpy_async(
     stream: RawStream,
 ) -> Result<()> {
     // SAFETY: precondition 1; the stream handle is live.
-    check("cudaMemcpyAsync", unsafe { sys::cuferry_memcpy_async(dst, src, bytes, kind.raw(), stream.0) })
+    check("cudaMemcpyAsync", unsafe { sys::cuferry_cuda_memcpy_async(dst, src, bytes, kind.raw(), stream.0) })
 }
 
 /// `cudaMemcpyPeerAsync`.
@@ -119,7 +119,7 @@ pub(crate) unsafe fn memcpy_peer_async(
 ) -> Result<()> {
     let (dd, sd) = (ordinal(dst_device)?, ordinal(src_device)?);
     // SAFETY: precondition 1; the stream handle is live.
-    check("cudaMemcpyPeerAsync", unsafe { sys::cuferry_memcpy_peer_async(dst, dd, src, sd, bytes, stream.0) })
+    check("cudaMemcpyPeerAsync", unsafe { sys::cuferry_cuda_memcpy_peer_async(dst, dd, src, sd, bytes, stream.0) })
 }
 
 /// `cudaMemsetAsync`.
@@ -134,5 +134,5 @@ pub(crate) unsafe fn memset_async(
     stream: RawStream,
 ) -> Result<()> {
     // SAFETY: precondition 1; the stream handle is live.
-    check("cudaMemsetAsync", unsafe { sys::cuferry_memset_async(dst, i32::from(value), bytes, stream.0) })
+    check("cudaMemsetAsync", unsafe { sys::cuferry_cuda_memset_async(dst, i32::from(value), bytes, stream.0) })
 }

@@ -62,13 +62,13 @@ fn static_str(ptr: *const std::os::raw::c_char) -> &'static str {
 /// CUDA's name for a status code.
 pub(crate) fn status_name(status: sys::cuferry_status) -> &'static str {
     // SAFETY: takes a plain integer and returns a static string (see cuferry_cuda.h).
-    static_str(unsafe { sys::cuferry_status_name(status) })
+    static_str(unsafe { sys::cuferry_cuda_status_name(status) })
 }
 
 /// CUDA's description of a status code.
 pub(crate) fn status_string(status: sys::cuferry_status) -> &'static str {
     // SAFETY: takes a plain integer and returns a static string (see cuferry_cuda.h).
-    static_str(unsafe { sys::cuferry_status_string(status) })
+    static_str(unsafe { sys::cuferry_cuda_status_string(status) })
 }
 
 /// Converts a device ordinal to the C ABI's `int32_t`.

@@ -20,7 +20,7 @@ pub(crate) fn create(device: u32, priority: i32) -> Result<RawStream> {
     let dev = ordinal(device)?;
     let mut s: sys::cuferry_stream = std::ptr::null_mut();
     // SAFETY: `s` is a valid out-pointer for the duration of the call.
-    check("cudaStreamCreateWithPriority", unsafe { sys::cuferry_stream_create(dev, priority, &mut s) })?;
+    check("cudaStreamCreateWithPriority", unsafe { sys::cuferry_cuda_stream_create(dev, priority, &mut s) })?;
     Ok(RawStream(s))
 }
 
@@ -31,25 +31,25 @@ pub(crate) fn create(device: u32, priority: i32) -> Result<RawStream> {
 /// 1. `s` came from [`create`] and is not used again.
 pub(crate) unsafe fn destroy(s: RawStream) -> Result<()> {
     // SAFETY: precondition 1.
-    check("cudaStreamDestroy", unsafe { sys::cuferry_stream_destroy(s.0) })
+    check("cudaStreamDestroy", unsafe { sys::cuferry_cuda_stream_destroy(s.0) })
 }
 
 /// `cudaStreamSynchronize`.
 pub(crate) fn synchronize(s: RawStream) -> Result<()> {
     // SAFETY: `s` is a live handle (owners keep it alive while they call this).
-    check("cudaStreamSynchronize", unsafe { sys::cuferry_stream_synchronize(s.0) })
+    check("cudaStreamSynchronize", unsafe { sys::cuferry_cuda_stream_synchronize(s.0) })
 }
 
 /// `cudaStreamQuery`: true when all queued work is done.
 pub(crate) fn query(s: RawStream) -> Result<bool> {
     // SAFETY: `s` is a live handle.
-    check_ready("cudaStreamQuery", unsafe { sys::cuferry_stream_query(s.0) })
+    check_ready("cudaStreamQuery", unsafe { sys::cuferry_cuda_stream_query(s.0) })
 }
 
 /// `cudaStreamWaitEvent`.
 pub(crate) fn wait_event(s: RawStream, e: RawEvent) -> Result<()> {
     // SAFETY: both handles are live.
-    check("cudaStreamWaitEvent", unsafe { sys::cuferry_stream_wait_event(s.0, e.0) })
+    check("cudaStreamWaitEvent", unsafe { sys::cuferry_cuda_stream_wait_event(s.0, e.0) })
 }
 
 /// `cudaLaunchHostFunc`.
@@ -65,5 +65,5 @@ pub(crate) unsafe fn launch_host_fn(
     user_data: *mut c_void,
 ) -> Result<()> {
     // SAFETY: precondition 1; `s` is live.
-    check("cudaLaunchHostFunc", unsafe { sys::cuferry_stream_launch_host_fn(s.0, Some(f), user_data) })
+    check("cudaLaunchHostFunc", unsafe { sys::cuferry_cuda_stream_launch_host_fn(s.0, Some(f), user_data) })
 }

@@ -39,7 +39,7 @@ pub const cuferry_copy_kind_CUFERRY_COPY_HOST_TO_HOST: cuferry_copy_kind = 4;
 pub const cuferry_copy_kind_CUFERRY_COPY_DEFAULT: cuferry_copy_kind = 5;
 #[doc = " Direction of a copy, mapped to cudaMemcpyKind."]
 pub type cuferry_copy_kind = ::std::os::raw::c_uint;
-#[doc = " What cuferry reports about one device; filled by cuferry_device_properties."]
+#[doc = " What cuferry reports about one device; filled by cuferry_cuda_device_properties."]
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct cuferry_device_props {
@@ -112,71 +112,79 @@ pub type cuferry_host_fn =
     ::std::option::Option<unsafe extern "C" fn(user_data: *mut ::std::os::raw::c_void)>;
 unsafe extern "C" {
     #[doc = " The CUDA name of a status (\"cudaErrorNoDevice\"), or a cuferry name for negative codes. Never NULL."]
-    pub fn cuferry_status_name(status: cuferry_status) -> *const ::std::os::raw::c_char;
+    pub fn cuferry_cuda_status_name(status: cuferry_status) -> *const ::std::os::raw::c_char;
 }
 unsafe extern "C" {
     #[doc = " CUDA's description of a status, or cuferry's for negative codes. Never NULL."]
-    pub fn cuferry_status_string(status: cuferry_status) -> *const ::std::os::raw::c_char;
+    pub fn cuferry_cuda_status_string(status: cuferry_status) -> *const ::std::os::raw::c_char;
 }
 unsafe extern "C" {
     #[doc = " Returns and clears the calling thread's last CUDA error (cudaGetLastError)."]
-    pub fn cuferry_take_last_error() -> cuferry_status;
+    pub fn cuferry_cuda_take_last_error() -> cuferry_status;
 }
 unsafe extern "C" {
     #[doc = " The CUDA runtime version the library was linked against (e.g. 13000)."]
-    pub fn cuferry_runtime_version(version: *mut i32) -> cuferry_status;
+    pub fn cuferry_cuda_runtime_version(version: *mut i32) -> cuferry_status;
 }
 unsafe extern "C" {
     #[doc = " The installed driver's CUDA version, 0 when no driver is installed."]
-    pub fn cuferry_driver_version(version: *mut i32) -> cuferry_status;
+    pub fn cuferry_cuda_driver_version(version: *mut i32) -> cuferry_status;
 }
 unsafe extern "C" {
-    pub fn cuferry_device_count(count: *mut i32) -> cuferry_status;
+    pub fn cuferry_cuda_device_count(count: *mut i32) -> cuferry_status;
 }
 unsafe extern "C" {
-    pub fn cuferry_device_properties(device: i32, props: *mut cuferry_device_props) -> cuferry_status;
+    pub fn cuferry_cuda_device_properties(device: i32, props: *mut cuferry_device_props) -> cuferry_status;
 }
 unsafe extern "C" {
     #[doc = " Free and total device memory in bytes (cudaMemGetInfo)."]
-    pub fn cuferry_device_mem_info(
+    pub fn cuferry_cuda_device_mem_info(
         device: i32,
         free_bytes: *mut usize,
         total_bytes: *mut usize,
     ) -> cuferry_status;
 }
 unsafe extern "C" {
-    pub fn cuferry_device_synchronize(device: i32) -> cuferry_status;
+    pub fn cuferry_cuda_device_synchronize(device: i32) -> cuferry_status;
 }
 unsafe extern "C" {
     #[doc = " Whether `device` can access memory of `peer` directly (cudaDeviceCanAccessPeer)."]
-    pub fn cuferry_device_can_access_peer(device: i32, peer: i32, can_access: *mut i32) -> cuferry_status;
+    pub fn cuferry_cuda_device_can_access_peer(
+        device: i32,
+        peer: i32,
+        can_access: *mut i32,
+    ) -> cuferry_status;
 }
 unsafe extern "C" {
     #[doc = " Lets `device` access `peer`'s memory. Enabling twice is a success."]
-    pub fn cuferry_device_enable_peer_access(device: i32, peer: i32) -> cuferry_status;
+    pub fn cuferry_cuda_device_enable_peer_access(device: i32, peer: i32) -> cuferry_status;
 }
 unsafe extern "C" {
     #[doc = " Creates a non-blocking stream on `device` (no implicit sync with the legacy default stream)."]
-    pub fn cuferry_stream_create(device: i32, priority: i32, stream: *mut cuferry_stream) -> cuferry_status;
+    pub fn cuferry_cuda_stream_create(
+        device: i32,
+        priority: i32,
+        stream: *mut cuferry_stream,
+    ) -> cuferry_status;
 }
 unsafe extern "C" {
     #[doc = " Destroys a stream; work already queued still completes (cudaStreamDestroy)."]
-    pub fn cuferry_stream_destroy(stream: cuferry_stream) -> cuferry_status;
+    pub fn cuferry_cuda_stream_destroy(stream: cuferry_stream) -> cuferry_status;
 }
 unsafe extern "C" {
-    pub fn cuferry_stream_synchronize(stream: cuferry_stream) -> cuferry_status;
+    pub fn cuferry_cuda_stream_synchronize(stream: cuferry_stream) -> cuferry_status;
 }
 unsafe extern "C" {
     #[doc = " CUFERRY_STATUS_SUCCESS when all queued work is done, CUFERRY_CUDA_NOT_READY when not."]
-    pub fn cuferry_stream_query(stream: cuferry_stream) -> cuferry_status;
+    pub fn cuferry_cuda_stream_query(stream: cuferry_stream) -> cuferry_status;
 }
 unsafe extern "C" {
     #[doc = " Makes future work on `stream` wait for the last record of `event`."]
-    pub fn cuferry_stream_wait_event(stream: cuferry_stream, event: cuferry_event) -> cuferry_status;
+    pub fn cuferry_cuda_stream_wait_event(stream: cuferry_stream, event: cuferry_event) -> cuferry_status;
 }
 unsafe extern "C" {
     #[doc = " Queues `fn(user_data)` on `stream` (cudaLaunchHostFunc). `fn` must not call CUDA."]
-    pub fn cuferry_stream_launch_host_fn(
+    pub fn cuferry_cuda_stream_launch_host_fn(
         stream: cuferry_stream,
         fn_: cuferry_host_fn,
         user_data: *mut ::std::os::raw::c_void,
@@ -184,29 +192,32 @@ unsafe extern "C" {
 }
 unsafe extern "C" {
     #[doc = " Creates an event on `device`; `timing` = 0 creates it with cudaEventDisableTiming."]
-    pub fn cuferry_event_create(device: i32, timing: i32, event: *mut cuferry_event) -> cuferry_status;
+    pub fn cuferry_cuda_event_create(device: i32, timing: i32, event: *mut cuferry_event) -> cuferry_status;
 }
 unsafe extern "C" {
-    pub fn cuferry_event_destroy(event: cuferry_event) -> cuferry_status;
+    pub fn cuferry_cuda_event_destroy(event: cuferry_event) -> cuferry_status;
 }
 unsafe extern "C" {
-    pub fn cuferry_event_record(event: cuferry_event, stream: cuferry_stream) -> cuferry_status;
+    pub fn cuferry_cuda_event_record(event: cuferry_event, stream: cuferry_stream) -> cuferry_status;
 }
 unsafe extern "C" {
     #[doc = " CUFERRY_STATUS_SUCCESS when the last record completed (or none was made), else NOT_READY."]
-    pub fn cuferry_event_query(event: cuferry_event) -> cuferry_status;
+    pub fn cuferry_cuda_event_query(event: cuferry_event) -> cuferry_status;
 }
 unsafe extern "C" {
-    pub fn cuferry_event_synchronize(event: cuferry_event) -> cuferry_status;
+    pub fn cuferry_cuda_event_synchronize(event: cuferry_event) -> cuferry_status;
 }
 unsafe extern "C" {
     #[doc = " Milliseconds between two completed records of timing events."]
-    pub fn cuferry_event_elapsed_ms(start: cuferry_event, end: cuferry_event, ms: *mut f32)
-        -> cuferry_status;
+    pub fn cuferry_cuda_event_elapsed_ms(
+        start: cuferry_event,
+        end: cuferry_event,
+        ms: *mut f32,
+    ) -> cuferry_status;
 }
 unsafe extern "C" {
     #[doc = " cudaMalloc on `device`. `bytes` = 0 yields NULL and success."]
-    pub fn cuferry_device_alloc(
+    pub fn cuferry_cuda_device_alloc(
         device: i32,
         bytes: usize,
         ptr: *mut *mut ::std::os::raw::c_void,
@@ -214,11 +225,11 @@ unsafe extern "C" {
 }
 unsafe extern "C" {
     #[doc = " cudaFree on `device`; NULL is a no-op."]
-    pub fn cuferry_device_free(device: i32, ptr: *mut ::std::os::raw::c_void) -> cuferry_status;
+    pub fn cuferry_cuda_device_free(device: i32, ptr: *mut ::std::os::raw::c_void) -> cuferry_status;
 }
 unsafe extern "C" {
     #[doc = " cudaHostAlloc with CUFERRY_PINNED_* flags, made with `device` current."]
-    pub fn cuferry_pinned_alloc(
+    pub fn cuferry_cuda_pinned_alloc(
         device: i32,
         bytes: usize,
         flags: u32,
@@ -227,11 +238,11 @@ unsafe extern "C" {
 }
 unsafe extern "C" {
     #[doc = " cudaFreeHost; NULL is a no-op."]
-    pub fn cuferry_pinned_free(ptr: *mut ::std::os::raw::c_void) -> cuferry_status;
+    pub fn cuferry_cuda_pinned_free(ptr: *mut ::std::os::raw::c_void) -> cuferry_status;
 }
 unsafe extern "C" {
     #[doc = " cudaHostRegister of caller memory with CUFERRY_REGISTER_* flags."]
-    pub fn cuferry_host_register(
+    pub fn cuferry_cuda_host_register(
         device: i32,
         ptr: *mut ::std::os::raw::c_void,
         bytes: usize,
@@ -239,11 +250,11 @@ unsafe extern "C" {
     ) -> cuferry_status;
 }
 unsafe extern "C" {
-    pub fn cuferry_host_unregister(ptr: *mut ::std::os::raw::c_void) -> cuferry_status;
+    pub fn cuferry_cuda_host_unregister(ptr: *mut ::std::os::raw::c_void) -> cuferry_status;
 }
 unsafe extern "C" {
     #[doc = " cudaMemcpyAsync of `bytes` in direction `kind` on `stream`."]
-    pub fn cuferry_memcpy_async(
+    pub fn cuferry_cuda_memcpy_async(
         dst: *mut ::std::os::raw::c_void,
         src: *const ::std::os::raw::c_void,
         bytes: usize,
@@ -253,7 +264,7 @@ unsafe extern "C" {
 }
 unsafe extern "C" {
     #[doc = " cudaMemcpyPeerAsync between two devices' memory on `stream`."]
-    pub fn cuferry_memcpy_peer_async(
+    pub fn cuferry_cuda_memcpy_peer_async(
         dst: *mut ::std::os::raw::c_void,
         dst_device: i32,
         src: *const ::std::os::raw::c_void,
@@ -264,7 +275,7 @@ unsafe extern "C" {
 }
 unsafe extern "C" {
     #[doc = " cudaMemsetAsync of device memory to the byte `value`."]
-    pub fn cuferry_memset_async(
+    pub fn cuferry_cuda_memset_async(
         dst: *mut ::std::os::raw::c_void,
         value: i32,
         bytes: usize,
