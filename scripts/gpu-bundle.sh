@@ -53,8 +53,15 @@ for line in sys.stdin:
   cp "$path" "$dest"
   strip "$dest"
 done
-# The drift test needs the sources; it has nothing to do on a GPU.
-rm -f "$bundle/tests/sys_bindings"
+# The drift tests need the sources; they have nothing to do on a GPU.
+rm -f "$bundle/tests/sys_bindings" "$bundle/tests/c_header"
+# The C and Python consumers: the cdylib, the public header and their sources.
+cargo build --release --lib --quiet
+mkdir -p "$bundle/lib" "$bundle/src/include" "$bundle/src/tests"
+cp target/release/libcuferry.so "$bundle/lib/"
+strip "$bundle/lib/libcuferry.so"
+cp include/cuferry.h "$bundle/src/include/"
+cp -r tests/c tests/python "$bundle/src/tests/"
 cp scripts/gpu-run.sh "$bundle/run.sh"
 chmod +x "$bundle/run.sh"
 size=$(du -sm "$bundle" | cut -f1)

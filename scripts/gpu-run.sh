@@ -14,6 +14,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 logs=${OUT:-$here}/logs
 mkdir -p "$logs"
 export CUFERRY_REQUIRE_GPU=1
+# The C ABI and Python tests find the cdylib and their sources here.
+export CUFERRY_CDYLIB_DIR="$here/lib" CUFERRY_C_SOURCES="$here/src"
 sanitize=0
 bench=0
 for arg in "$@"; do

@@ -39,11 +39,13 @@ mod cuda;
 pub mod device;
 mod error;
 pub mod event;
+pub mod ffi;
 pub mod halo;
 pub mod linop;
 pub mod memory;
 pub mod ring;
 pub mod stream;
+/// cbindgen:ignore
 #[doc(hidden)]
 pub mod sys;
 mod topology;

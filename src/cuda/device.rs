@@ -34,7 +34,9 @@ pub(crate) fn properties(device: u32) -> Result<sys::cuferry_device_props> {
     let mut props = std::mem::MaybeUninit::<sys::cuferry_device_props>::zeroed();
     // SAFETY: `props` points to writable memory of the struct's size; the call writes it whole
     // on success only.
-    check("cudaGetDeviceProperties", unsafe { sys::cuferry_cuda_device_properties(dev, props.as_mut_ptr()) })?;
+    check("cudaGetDeviceProperties", unsafe {
+        sys::cuferry_cuda_device_properties(dev, props.as_mut_ptr())
+    })?;
     // SAFETY: zero-initialised plain C data (ints and a char array) is a valid value, and the
     // successful call filled it.
     Ok(unsafe { props.assume_init() })

@@ -18,7 +18,9 @@ pub(crate) fn create(device: u32, timing: bool) -> Result<RawEvent> {
     let dev = ordinal(device)?;
     let mut e: sys::cuferry_event = std::ptr::null_mut();
     // SAFETY: `e` is a valid out-pointer for the duration of the call.
-    check("cudaEventCreateWithFlags", unsafe { sys::cuferry_cuda_event_create(dev, i32::from(timing), &mut e) })?;
+    check("cudaEventCreateWithFlags", unsafe {
+        sys::cuferry_cuda_event_create(dev, i32::from(timing), &mut e)
+    })?;
     Ok(RawEvent(e))
 }
 

@@ -119,7 +119,9 @@ pub(crate) unsafe fn memcpy_peer_async(
 ) -> Result<()> {
     let (dd, sd) = (ordinal(dst_device)?, ordinal(src_device)?);
     // SAFETY: precondition 1; the stream handle is live.
-    check("cudaMemcpyPeerAsync", unsafe { sys::cuferry_cuda_memcpy_peer_async(dst, dd, src, sd, bytes, stream.0) })
+    check("cudaMemcpyPeerAsync", unsafe {
+        sys::cuferry_cuda_memcpy_peer_async(dst, dd, src, sd, bytes, stream.0)
+    })
 }
 
 /// `cudaMemsetAsync`.
@@ -134,5 +136,7 @@ pub(crate) unsafe fn memset_async(
     stream: RawStream,
 ) -> Result<()> {
     // SAFETY: precondition 1; the stream handle is live.
-    check("cudaMemsetAsync", unsafe { sys::cuferry_cuda_memset_async(dst, i32::from(value), bytes, stream.0) })
+    check("cudaMemsetAsync", unsafe {
+        sys::cuferry_cuda_memset_async(dst, i32::from(value), bytes, stream.0)
+    })
 }

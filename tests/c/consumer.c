@@ -1,0 +1,99 @@
+/* A C program that uses cuferry only through include/cuferry.h (built and run by
+ * tests/c_abi.rs). Usage: consumer DEVICE, with DEVICE -1 for the host backend or a CUDA
+ * ordinal. Exits 0 when every check passes; prints the first failed check otherwise. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuferry.h"
+
+static int failures = 0;
+
+#define CHECK(cond)                                                                      \
+  do {                                                                                   \
+    if (!(cond)) {                                                                       \
+      fprintf(stderr, "FAILED %s:%d: %s (last error: %s)\n", __FILE__, __LINE__, #cond, \
+              cuferry_last_error_message());                                             \
+      failures++;                                                                        \
+    }                                                                                    \
+  } while (0)
+
+#define OK(call) CHECK((call) == CUFERRY_STATUS_OK)
+
+int main(int argc, char **argv) {
+  int32_t device = argc > 1 ? (int32_t)atoi(argv[1]) : CUFERRY_HOST;
+  printf("cuferry %s, device %d\n", cuferry_version(), (int)device);
+
+  int32_t count = -7;
+  CuferryStatus st = cuferry_device_count(&count);
+  CHECK(count >= 0);
+  CHECK(st == CUFERRY_STATUS_OK || count == 0);
+  CHECK(strcmp(cuferry_status_name(CUFERRY_STATUS_INVALID_ARGUMENT), "CUFERRY_STATUS_INVALID_ARGUMENT") == 0);
+  CHECK(strcmp(cuferry_status_name(1234), "CUFERRY_STATUS_UNKNOWN") == 0);
+
+  /* Round trip: pinned -> device -> device -> pinned, every byte checked. */
+  const size_t n = (3u << 20) + 17;
+  CuferryStream *stream = NULL;
+  OK(cuferry_stream_create(device, &stream));
+  CuferryBuffer *src = NULL, *dev1 = NULL, *dev2 = NULL, *back = NULL;
+  OK(cuferry_pinned_alloc(device, n, &src));
+  OK(cuferry_device_alloc(stream, n, &dev1));
+  OK(cuferry_device_alloc(stream, n, &dev2));
+  OK(cuferry_pinned_alloc(device, n, &back));
+  if (failures) return 1;
+  CHECK(cuferry_buffer_size(src) == n);
+  unsigned char *s = (unsigned char *)cuferry_buffer_ptr(src);
+  OK(cuferry_buffer_synchronize(src));
+  for (size_t i = 0; i < n; i++) s[i] = (unsigned char)(i * 31u + 7u);
+  OK(cuferry_copy(stream, src, 0, dev1, 0, n));
+  OK(cuferry_copy(stream, dev1, 0, dev2, 0, n));
+  OK(cuferry_copy(stream, dev2, 0, back, 0, n));
+  OK(cuferry_buffer_synchronize(back));
+  const unsigned char *b = (const unsigned char *)cuferry_buffer_ptr(back);
+  size_t bad = 0;
+  for (size_t i = 0; i < n; i++) bad += b[i] != (unsigned char)(i * 31u + 7u);
+  CHECK(bad == 0);
+
+  /* A sub-range copy lands where asked. */
+  OK(cuferry_copy(stream, src, 100, back, 0, 10));
+  OK(cuferry_buffer_synchronize(back));
+  CHECK(b[0] == s[100] && b[9] == s[109]);
+
+  /* Bad arguments are errors with a message, never crashes. */
+  CHECK(cuferry_copy(stream, src, n - 5, back, 0, 10) == CUFERRY_STATUS_INVALID_ARGUMENT);
+  CHECK(strlen(cuferry_last_error_message()) > 0);
+  CHECK(cuferry_copy(stream, src, 0, (CuferryBuffer *)src, 0, 1) == CUFERRY_STATUS_INVALID_ARGUMENT);
+  CHECK(cuferry_copy(NULL, src, 0, back, 0, 1) == CUFERRY_STATUS_INVALID_ARGUMENT);
+  CHECK(cuferry_copy(stream, NULL, 0, back, 0, 1) == CUFERRY_STATUS_INVALID_ARGUMENT);
+  CHECK(cuferry_stream_create(device, NULL) == CUFERRY_STATUS_INVALID_ARGUMENT);
+  CHECK(cuferry_stream_create(-5, &stream) == CUFERRY_STATUS_INVALID_ARGUMENT);
+  CHECK(cuferry_pinned_alloc(device, 16, NULL) == CUFERRY_STATUS_INVALID_ARGUMENT);
+  CHECK(cuferry_buffer_ptr(NULL) == NULL && cuferry_buffer_size(NULL) == 0);
+  CHECK(cuferry_buffer_synchronize(NULL) == CUFERRY_STATUS_INVALID_ARGUMENT);
+
+  /* Without a usable CUDA device, CUDA requests fail with a typed status. */
+  if (count == 0) {
+    CuferryStream *cuda = NULL;
+    CuferryStatus s0 = cuferry_stream_create(0, &cuda);
+    CHECK(s0 == CUFERRY_STATUS_NO_DRIVER || s0 == CUFERRY_STATUS_NO_DEVICE || s0 == CUFERRY_STATUS_UNSUPPORTED);
+    CHECK(cuda == NULL);
+  }
+
+  /* Frees wait for queued copies; NULL frees are no-ops. */
+  OK(cuferry_copy(stream, src, 0, dev1, 0, n));
+  OK(cuferry_buffer_free(src));
+  OK(cuferry_buffer_free(dev1));
+  OK(cuferry_buffer_free(dev2));
+  OK(cuferry_buffer_free(back));
+  OK(cuferry_buffer_free(NULL));
+  OK(cuferry_stream_synchronize(stream));
+  OK(cuferry_stream_destroy(stream));
+  OK(cuferry_stream_destroy(NULL));
+
+  if (failures) {
+    fprintf(stderr, "%d check(s) failed\n", failures);
+    return 1;
+  }
+  printf("all C ABI checks passed\n");
+  return 0;
+}
