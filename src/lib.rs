@@ -60,3 +60,8 @@ pub use event::Event;
 pub use memory::{DeviceBuffer, Element, HostRegistration, Memory, MemoryKind, PinnedBuffer, PinnedOptions};
 pub use stream::Stream;
 pub use topology::{topology, DeviceLinks, Topology};
+
+/// The README's Rust examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
