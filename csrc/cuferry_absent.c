@@ -84,3 +84,59 @@ cuferry_status cuferry_cuda_memset_async(void *dst, int32_t value, size_t bytes,
                                     cuferry_stream stream) {
   (void)dst; (void)value; (void)bytes; (void)stream; NB;
 }
+
+/* managed memory (managed.cu) */
+cuferry_status cuferry_cuda_managed_pool_create(int32_t device, int32_t prefer_device, size_t max_size,
+                                                uint64_t release_threshold, cuferry_mem_pool *pool) {
+  (void)device; (void)prefer_device; (void)max_size; (void)release_threshold; (void)pool; NB;
+}
+cuferry_status cuferry_cuda_mem_pool_destroy(cuferry_mem_pool pool) { (void)pool; NB; }
+cuferry_status cuferry_cuda_mem_pool_alloc_async(cuferry_mem_pool pool, size_t bytes,
+                                                 cuferry_stream stream, void **ptr) {
+  (void)pool; (void)bytes; (void)stream; (void)ptr; NB;
+}
+cuferry_status cuferry_cuda_free_async(void *ptr, cuferry_stream stream) { (void)ptr; (void)stream; NB; }
+cuferry_status cuferry_cuda_mem_pool_stats(cuferry_mem_pool pool, cuferry_pool_stats *stats) {
+  (void)pool; (void)stats; NB;
+}
+cuferry_status cuferry_cuda_malloc_managed(int32_t device, size_t bytes, void **ptr) {
+  (void)device; (void)bytes; (void)ptr; NB;
+}
+cuferry_status cuferry_cuda_pointer_is_managed(const void *ptr, int32_t *managed, int32_t *device) {
+  (void)ptr; (void)managed; (void)device; NB;
+}
+cuferry_status cuferry_cuda_mem_prefetch_async(const void *ptr, size_t bytes, cuferry_location location,
+                                               cuferry_stream stream) {
+  (void)ptr; (void)bytes; (void)location; (void)stream; NB;
+}
+cuferry_status cuferry_cuda_mem_prefetch_batch_async(void **ptrs, size_t *sizes, size_t count,
+                                                     cuferry_location *locations,
+                                                     size_t *location_starts, size_t n_locations,
+                                                     cuferry_stream stream) {
+  (void)ptrs; (void)sizes; (void)count; (void)locations; (void)location_starts; (void)n_locations;
+  (void)stream; NB;
+}
+cuferry_status cuferry_cuda_mem_discard_batch_async(void **ptrs, size_t *sizes, size_t count,
+                                                    cuferry_stream stream) {
+  (void)ptrs; (void)sizes; (void)count; (void)stream; NB;
+}
+cuferry_status cuferry_cuda_mem_discard_and_prefetch_batch_async(void **ptrs, size_t *sizes, size_t count,
+                                                                 cuferry_location *locations,
+                                                                 size_t *location_starts,
+                                                                 size_t n_locations,
+                                                                 cuferry_stream stream) {
+  (void)ptrs; (void)sizes; (void)count; (void)locations; (void)location_starts; (void)n_locations;
+  (void)stream; NB;
+}
+cuferry_status cuferry_cuda_mem_advise_ranges(void **ptrs, size_t *sizes, size_t count, int32_t advice,
+                                              cuferry_location location) {
+  (void)ptrs; (void)sizes; (void)count; (void)advice; (void)location; NB;
+}
+cuferry_status cuferry_cuda_fill_pattern_u32(uint32_t *data, size_t n, uint32_t seed,
+                                             cuferry_stream stream) {
+  (void)data; (void)n; (void)seed; (void)stream; NB;
+}
+cuferry_status cuferry_cuda_sum_u32(const uint32_t *data, size_t n, unsigned long long *sum,
+                                    cuferry_stream stream) {
+  (void)data; (void)n; (void)sum; (void)stream; NB;
+}

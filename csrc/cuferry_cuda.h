@@ -180,6 +180,86 @@ cuferry_status cuferry_cuda_memcpy_peer_async(void *dst, int32_t dst_device, con
 cuferry_status cuferry_cuda_memset_async(void *dst, int32_t value, size_t bytes,
                                     cuferry_stream stream);
 
+/* ---- managed memory (managed.cu) ---------------------------------------------------------- */
+
+/** Opaque memory pool handle (a cudaMemPool_t). */
+typedef struct cuferry_mem_pool_st *cuferry_mem_pool;
+
+/** Location kinds, with cudaMemLocationType's values. */
+#define CUFERRY_LOCATION_NONE 0
+#define CUFERRY_LOCATION_DEVICE 1
+#define CUFERRY_LOCATION_HOST 2
+#define CUFERRY_LOCATION_HOST_NUMA 3
+#define CUFERRY_LOCATION_HOST_NUMA_CURRENT 4
+
+/** A place for managed pages: a cudaMemLocation (type is CUFERRY_LOCATION_*). */
+typedef struct cuferry_location {
+  int32_t type;
+  int32_t id;
+} cuferry_location;
+
+/** Advice, with cudaMemoryAdvise's values. */
+#define CUFERRY_ADVISE_SET_READ_MOSTLY 1
+#define CUFERRY_ADVISE_UNSET_READ_MOSTLY 2
+#define CUFERRY_ADVISE_SET_PREFERRED_LOCATION 3
+#define CUFERRY_ADVISE_UNSET_PREFERRED_LOCATION 4
+#define CUFERRY_ADVISE_SET_ACCESSED_BY 5
+#define CUFERRY_ADVISE_UNSET_ACCESSED_BY 6
+
+/** Byte counters of a memory pool (cudaMemPoolAttr*Mem*). */
+typedef struct cuferry_pool_stats {
+  uint64_t reserved_current;
+  uint64_t reserved_high;
+  uint64_t used_current;
+  uint64_t used_high;
+} cuferry_pool_stats;
+
+/** Creates a managed memory pool (allocType managed) for `device`: with `device` as the
+ *  preferred location when `prefer_device` is 1, with no preferred location when 0. `max_size`
+ *  0 leaves the driver's default; `release_threshold` is cudaMemPoolAttrReleaseThreshold. */
+cuferry_status cuferry_cuda_managed_pool_create(int32_t device, int32_t prefer_device, size_t max_size,
+                                                uint64_t release_threshold, cuferry_mem_pool *pool);
+cuferry_status cuferry_cuda_mem_pool_destroy(cuferry_mem_pool pool);
+/** cudaMallocFromPoolAsync; `bytes` = 0 is CUFERRY_STATUS_NULL_ARGUMENT's sibling: rejected
+ *  with cudaErrorInvalidValue by CUDA, so callers check first. */
+cuferry_status cuferry_cuda_mem_pool_alloc_async(cuferry_mem_pool pool, size_t bytes,
+                                                 cuferry_stream stream, void **ptr);
+/** cudaFreeAsync. */
+cuferry_status cuferry_cuda_free_async(void *ptr, cuferry_stream stream);
+cuferry_status cuferry_cuda_mem_pool_stats(cuferry_mem_pool pool, cuferry_pool_stats *stats);
+/** cudaMallocManaged (cudaMemAttachGlobal) on `device`: the fallback where pools are refused. */
+cuferry_status cuferry_cuda_malloc_managed(int32_t device, size_t bytes, void **ptr);
+/** 1 in `*managed` when `ptr` is managed memory (cudaPointerGetAttributes), with its device. */
+cuferry_status cuferry_cuda_pointer_is_managed(const void *ptr, int32_t *managed, int32_t *device);
+/** cudaMemPrefetchAsync to `location`. */
+cuferry_status cuferry_cuda_mem_prefetch_async(const void *ptr, size_t bytes, cuferry_location location,
+                                               cuferry_stream stream);
+/** cudaMemPrefetchBatchAsync: `count` ranges; `locations[k]` applies from range
+ *  `location_starts[k]` (the first is 0, strictly increasing) to the next start. */
+cuferry_status cuferry_cuda_mem_prefetch_batch_async(void **ptrs, size_t *sizes, size_t count,
+                                                     cuferry_location *locations,
+                                                     size_t *location_starts, size_t n_locations,
+                                                     cuferry_stream stream);
+/** cudaMemDiscardBatchAsync. */
+cuferry_status cuferry_cuda_mem_discard_batch_async(void **ptrs, size_t *sizes, size_t count,
+                                                    cuferry_stream stream);
+/** cudaMemDiscardAndPrefetchBatchAsync, arguments as for the prefetch batch. */
+cuferry_status cuferry_cuda_mem_discard_and_prefetch_batch_async(void **ptrs, size_t *sizes, size_t count,
+                                                                 cuferry_location *locations,
+                                                                 size_t *location_starts,
+                                                                 size_t n_locations,
+                                                                 cuferry_stream stream);
+/** cudaMemAdvise on each of `count` ranges (CUDA has no batched form); stops at the first
+ *  failure. */
+cuferry_status cuferry_cuda_mem_advise_ranges(void **ptrs, size_t *sizes, size_t count, int32_t advice,
+                                              cuferry_location location);
+/** Test and benchmark kernels: data[i] = seed * 2654435761 + i (mod 2^32), and the 64-bit sum
+ *  of data[0..n) into the device (or managed) word `*sum`. One launch each, errors checked. */
+cuferry_status cuferry_cuda_fill_pattern_u32(uint32_t *data, size_t n, uint32_t seed,
+                                             cuferry_stream stream);
+cuferry_status cuferry_cuda_sum_u32(const uint32_t *data, size_t n, unsigned long long *sum,
+                                    cuferry_stream stream);
+
 #ifdef __cplusplus
 }
 #endif

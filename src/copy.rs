@@ -7,8 +7,8 @@
 //! - The direction comes from the two buffers' [`MemoryKind`]s and the stream's device:
 //!   - a host stream copies between host-accessible memory only (`memcpy` on its worker);
 //!   - a CUDA stream copies host <-> its device, within its device, between its device and
-//!     another (peer: `cudaMemcpyPeerAsync`, staged by the driver when P2P is off), and host
-//!     to host.
+//!     another (peer: `cudaMemcpyPeerAsync`, staged by the driver when P2P is off), host to
+//!     host, and to or from managed memory (`cudaMemcpyDefault`).
 //! - Ranges are checked before anything is queued; a copy of zero elements queues nothing.
 //!
 //! # Examples
@@ -45,6 +45,9 @@ pub enum CopyDirection {
     DeviceToDevice,
     /// From one CUDA device to another.
     Peer,
+    /// To or from managed memory on a CUDA stream: the driver picks the path
+    /// (`cudaMemcpyDefault`).
+    Managed,
 }
 
 /// Copies all of `src` into `dst` on `stream`. See the [module docs](self) for the rules.
@@ -158,6 +161,9 @@ fn direction(stream_device: Device, src: MemoryKind, dst: MemoryKind) -> Result<
             let both_device = matches!((src, dst), (MemoryKind::Device(_), MemoryKind::Device(_)));
             Ok(if both_device { CopyDirection::DeviceToDevice } else { CopyDirection::HostToHost })
         }
+        Device::Cuda(_) if matches!(src, MemoryKind::Managed(_)) || matches!(dst, MemoryKind::Managed(_)) => {
+            Ok(CopyDirection::Managed)
+        }
         Device::Cuda(s) => {
             let dir = match (cuda_of(src), cuda_of(dst)) {
                 (None, None) => return Ok(CopyDirection::HostToHost),
@@ -199,6 +205,7 @@ fn enqueue(
                 CopyDirection::HostToDevice => CopyKind::HostToDevice,
                 CopyDirection::DeviceToHost => CopyKind::DeviceToHost,
                 CopyDirection::DeviceToDevice => CopyKind::DeviceToDevice,
+                CopyDirection::Managed => CopyKind::Default,
                 CopyDirection::Peer => {
                     let (MemoryKind::Device(Device::Cuda(sd)), MemoryKind::Device(Device::Cuda(dd))) =
                         (src_kind, dst_kind)

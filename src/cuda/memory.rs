@@ -13,6 +13,8 @@ pub(crate) enum CopyKind {
     DeviceToHost,
     DeviceToDevice,
     HostToHost,
+    /// Inferred from the pointers (unified addressing): used for managed memory.
+    Default,
 }
 
 impl CopyKind {
@@ -22,6 +24,7 @@ impl CopyKind {
             CopyKind::DeviceToHost => sys::cuferry_copy_kind_CUFERRY_COPY_DEVICE_TO_HOST,
             CopyKind::DeviceToDevice => sys::cuferry_copy_kind_CUFERRY_COPY_DEVICE_TO_DEVICE,
             CopyKind::HostToHost => sys::cuferry_copy_kind_CUFERRY_COPY_HOST_TO_HOST,
+            CopyKind::Default => sys::cuferry_copy_kind_CUFERRY_COPY_DEFAULT,
         }
     }
 }

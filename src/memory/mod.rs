@@ -52,6 +52,9 @@ pub enum MemoryKind {
     Pinned,
     /// Memory of a device. For [`Device::Host`] this is ordinary host memory.
     Device(Device),
+    /// Managed (unified) memory from a pool of this device: host and device can both reach
+    /// it; the driver migrates pages (see [`crate::managed`]).
+    Managed(Device),
 }
 
 impl MemoryKind {

@@ -9,6 +9,8 @@
 //!   the remembered event. Freeing therefore never races queued work.
 //! - The tracker's lock is held from the wait through the record, so two threads queueing on
 //!   one buffer cannot interleave between an operation and its record.
+//! - Memory allocated in stream order (managed pools) names its allocation stream: the first
+//!   use on another stream waits for that stream first.
 
 use std::sync::{Mutex, MutexGuard};
 
@@ -19,19 +21,32 @@ use crate::stream::Stream;
 /// The last queued use of one buffer.
 #[derive(Debug)]
 struct LastUse {
-    /// Recorded on `stream_id` right after the operation.
+    /// Recorded on `stream` right after the operation.
     event: Event,
     /// The stream the operation was queued on.
-    stream_id: u64,
+    stream: Stream,
 }
 
 /// Orders and tracks the asynchronous uses of one buffer.
 #[derive(Debug, Default)]
 pub(crate) struct UseTracker {
     last: Mutex<Option<LastUse>>,
+    /// For stream-ordered allocations: the stream the memory was allocated on. The first use
+    /// on another stream waits for that stream's work so far (the allocation included).
+    origin: Option<Stream>,
 }
 
 impl UseTracker {
+    /// A tracker for memory allocated in stream order on `origin`.
+    pub(crate) fn with_origin(origin: Stream) -> Self {
+        UseTracker { last: Mutex::new(None), origin: Some(origin) }
+    }
+
+    /// The stream of the last queued use, else the allocation stream, if any.
+    pub(crate) fn last_stream(&self) -> Option<Stream> {
+        self.lock().as_ref().map(|l| l.stream.clone()).or_else(|| self.origin.clone())
+    }
+
     fn lock(&self) -> MutexGuard<'_, Option<LastUse>> {
         self.last.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -46,9 +61,16 @@ impl UseTracker {
         enqueue: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
         let mut guards: Vec<MutexGuard<'_, Option<LastUse>>> = trackers.iter().map(|t| t.lock()).collect();
-        for last in guards.iter().filter_map(|g| g.as_ref()) {
-            if last.stream_id != stream.id() {
-                stream.wait_event(&last.event)?;
+        for (tracker, guard) in trackers.iter().zip(&guards) {
+            match (guard.as_ref(), &tracker.origin) {
+                (Some(last), _) if last.stream.id() != stream.id() => stream.wait_event(&last.event)?,
+                (None, Some(origin)) if origin.id() != stream.id() => {
+                    // First use away from the allocation stream: order after it.
+                    let allocated = Event::new(origin.device())?;
+                    allocated.record(origin)?;
+                    stream.wait_event(&allocated)?;
+                }
+                _ => {}
             }
         }
         enqueue()?;
@@ -85,12 +107,14 @@ fn record_use(slot: &mut Option<LastUse>, stream: &Stream) -> Result<()> {
     match slot {
         Some(last) if last.event.device() == stream.device() => {
             last.event.record(stream)?;
-            last.stream_id = stream.id();
+            if last.stream.id() != stream.id() {
+                last.stream = stream.clone();
+            }
         }
         _ => {
             let event = Event::new(stream.device())?;
             event.record(stream)?;
-            *slot = Some(LastUse { event, stream_id: stream.id() });
+            *slot = Some(LastUse { event, stream: stream.clone() });
         }
     }
     Ok(())

@@ -15,6 +15,17 @@ pub const CUFERRY_PINNED_WRITE_COMBINED: i32 = 4;
 pub const CUFERRY_REGISTER_PORTABLE: i32 = 1;
 pub const CUFERRY_REGISTER_MAPPED: i32 = 2;
 pub const CUFERRY_REGISTER_READ_ONLY: i32 = 8;
+pub const CUFERRY_LOCATION_NONE: i32 = 0;
+pub const CUFERRY_LOCATION_DEVICE: i32 = 1;
+pub const CUFERRY_LOCATION_HOST: i32 = 2;
+pub const CUFERRY_LOCATION_HOST_NUMA: i32 = 3;
+pub const CUFERRY_LOCATION_HOST_NUMA_CURRENT: i32 = 4;
+pub const CUFERRY_ADVISE_SET_READ_MOSTLY: i32 = 1;
+pub const CUFERRY_ADVISE_UNSET_READ_MOSTLY: i32 = 2;
+pub const CUFERRY_ADVISE_SET_PREFERRED_LOCATION: i32 = 3;
+pub const CUFERRY_ADVISE_UNSET_PREFERRED_LOCATION: i32 = 4;
+pub const CUFERRY_ADVISE_SET_ACCESSED_BY: i32 = 5;
+pub const CUFERRY_ADVISE_UNSET_ACCESSED_BY: i32 = 6;
 #[doc = " 0 on success, > 0 a cudaError_t, < 0 one of the CUFERRY_STATUS_* codes below."]
 pub type cuferry_status = i32;
 #[repr(C)]
@@ -279,6 +290,169 @@ unsafe extern "C" {
         dst: *mut ::std::os::raw::c_void,
         value: i32,
         bytes: usize,
+        stream: cuferry_stream,
+    ) -> cuferry_status;
+}
+#[repr(C)]
+#[derive(Debug)]
+pub struct cuferry_mem_pool_st {
+    _unused: [u8; 0],
+}
+#[doc = " Opaque memory pool handle (a cudaMemPool_t)."]
+pub type cuferry_mem_pool = *mut cuferry_mem_pool_st;
+#[doc = " A place for managed pages: a cudaMemLocation (type is CUFERRY_LOCATION_*)."]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cuferry_location {
+    pub type_: i32,
+    pub id: i32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cuferry_location"][::std::mem::size_of::<cuferry_location>() - 8usize];
+    ["Alignment of cuferry_location"][::std::mem::align_of::<cuferry_location>() - 4usize];
+    ["Offset of field: cuferry_location::type_"][::std::mem::offset_of!(cuferry_location, type_) - 0usize];
+    ["Offset of field: cuferry_location::id"][::std::mem::offset_of!(cuferry_location, id) - 4usize];
+};
+#[doc = " Byte counters of a memory pool (cudaMemPoolAttr*Mem*)."]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cuferry_pool_stats {
+    pub reserved_current: u64,
+    pub reserved_high: u64,
+    pub used_current: u64,
+    pub used_high: u64,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cuferry_pool_stats"][::std::mem::size_of::<cuferry_pool_stats>() - 32usize];
+    ["Alignment of cuferry_pool_stats"][::std::mem::align_of::<cuferry_pool_stats>() - 8usize];
+    ["Offset of field: cuferry_pool_stats::reserved_current"]
+        [::std::mem::offset_of!(cuferry_pool_stats, reserved_current) - 0usize];
+    ["Offset of field: cuferry_pool_stats::reserved_high"]
+        [::std::mem::offset_of!(cuferry_pool_stats, reserved_high) - 8usize];
+    ["Offset of field: cuferry_pool_stats::used_current"]
+        [::std::mem::offset_of!(cuferry_pool_stats, used_current) - 16usize];
+    ["Offset of field: cuferry_pool_stats::used_high"]
+        [::std::mem::offset_of!(cuferry_pool_stats, used_high) - 24usize];
+};
+unsafe extern "C" {
+    #[doc = " Creates a managed memory pool (allocType managed) for `device`: with `device` as the\n  preferred location when `prefer_device` is 1, with no preferred location when 0. `max_size`\n  0 leaves the driver's default; `release_threshold` is cudaMemPoolAttrReleaseThreshold."]
+    pub fn cuferry_cuda_managed_pool_create(
+        device: i32,
+        prefer_device: i32,
+        max_size: usize,
+        release_threshold: u64,
+        pool: *mut cuferry_mem_pool,
+    ) -> cuferry_status;
+}
+unsafe extern "C" {
+    pub fn cuferry_cuda_mem_pool_destroy(pool: cuferry_mem_pool) -> cuferry_status;
+}
+unsafe extern "C" {
+    #[doc = " cudaMallocFromPoolAsync; `bytes` = 0 is CUFERRY_STATUS_NULL_ARGUMENT's sibling: rejected\n  with cudaErrorInvalidValue by CUDA, so callers check first."]
+    pub fn cuferry_cuda_mem_pool_alloc_async(
+        pool: cuferry_mem_pool,
+        bytes: usize,
+        stream: cuferry_stream,
+        ptr: *mut *mut ::std::os::raw::c_void,
+    ) -> cuferry_status;
+}
+unsafe extern "C" {
+    #[doc = " cudaFreeAsync."]
+    pub fn cuferry_cuda_free_async(
+        ptr: *mut ::std::os::raw::c_void,
+        stream: cuferry_stream,
+    ) -> cuferry_status;
+}
+unsafe extern "C" {
+    pub fn cuferry_cuda_mem_pool_stats(
+        pool: cuferry_mem_pool,
+        stats: *mut cuferry_pool_stats,
+    ) -> cuferry_status;
+}
+unsafe extern "C" {
+    #[doc = " cudaMallocManaged (cudaMemAttachGlobal) on `device`: the fallback where pools are refused."]
+    pub fn cuferry_cuda_malloc_managed(
+        device: i32,
+        bytes: usize,
+        ptr: *mut *mut ::std::os::raw::c_void,
+    ) -> cuferry_status;
+}
+unsafe extern "C" {
+    #[doc = " 1 in `*managed` when `ptr` is managed memory (cudaPointerGetAttributes), with its device."]
+    pub fn cuferry_cuda_pointer_is_managed(
+        ptr: *const ::std::os::raw::c_void,
+        managed: *mut i32,
+        device: *mut i32,
+    ) -> cuferry_status;
+}
+unsafe extern "C" {
+    #[doc = " cudaMemPrefetchAsync to `location`."]
+    pub fn cuferry_cuda_mem_prefetch_async(
+        ptr: *const ::std::os::raw::c_void,
+        bytes: usize,
+        location: cuferry_location,
+        stream: cuferry_stream,
+    ) -> cuferry_status;
+}
+unsafe extern "C" {
+    #[doc = " cudaMemPrefetchBatchAsync: `count` ranges; `locations[k]` applies from range\n  `location_starts[k]` (the first is 0, strictly increasing) to the next start."]
+    pub fn cuferry_cuda_mem_prefetch_batch_async(
+        ptrs: *mut *mut ::std::os::raw::c_void,
+        sizes: *mut usize,
+        count: usize,
+        locations: *mut cuferry_location,
+        location_starts: *mut usize,
+        n_locations: usize,
+        stream: cuferry_stream,
+    ) -> cuferry_status;
+}
+unsafe extern "C" {
+    #[doc = " cudaMemDiscardBatchAsync."]
+    pub fn cuferry_cuda_mem_discard_batch_async(
+        ptrs: *mut *mut ::std::os::raw::c_void,
+        sizes: *mut usize,
+        count: usize,
+        stream: cuferry_stream,
+    ) -> cuferry_status;
+}
+unsafe extern "C" {
+    #[doc = " cudaMemDiscardAndPrefetchBatchAsync, arguments as for the prefetch batch."]
+    pub fn cuferry_cuda_mem_discard_and_prefetch_batch_async(
+        ptrs: *mut *mut ::std::os::raw::c_void,
+        sizes: *mut usize,
+        count: usize,
+        locations: *mut cuferry_location,
+        location_starts: *mut usize,
+        n_locations: usize,
+        stream: cuferry_stream,
+    ) -> cuferry_status;
+}
+unsafe extern "C" {
+    #[doc = " cudaMemAdvise on each of `count` ranges (CUDA has no batched form); stops at the first\n  failure."]
+    pub fn cuferry_cuda_mem_advise_ranges(
+        ptrs: *mut *mut ::std::os::raw::c_void,
+        sizes: *mut usize,
+        count: usize,
+        advice: i32,
+        location: cuferry_location,
+    ) -> cuferry_status;
+}
+unsafe extern "C" {
+    #[doc = " Test and benchmark kernels: data[i] = seed * 2654435761 + i (mod 2^32), and the 64-bit sum\n  of data[0..n) into the device (or managed) word `*sum`. One launch each, errors checked."]
+    pub fn cuferry_cuda_fill_pattern_u32(
+        data: *mut u32,
+        n: usize,
+        seed: u32,
+        stream: cuferry_stream,
+    ) -> cuferry_status;
+}
+unsafe extern "C" {
+    pub fn cuferry_cuda_sum_u32(
+        data: *const u32,
+        n: usize,
+        sum: *mut ::std::os::raw::c_ulonglong,
         stream: cuferry_stream,
     ) -> cuferry_status;
 }

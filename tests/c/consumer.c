@@ -79,6 +79,42 @@ int main(int argc, char **argv) {
     CHECK(cuda == NULL);
   }
 
+  /* Managed memory through the PyTorch allocator pair (stream NULL: the legacy default). */
+  const size_t m_bytes = 1u << 20;
+  void *m = cuferry_managed_malloc((ssize_t)m_bytes, device, NULL);
+  CHECK(m != NULL);
+  if (m != NULL) {
+    CuferryLocation host = {CUFERRY_LOCATION_HOST, 0};
+    CuferryLocation here = {device < 0 ? CUFERRY_LOCATION_HOST : CUFERRY_LOCATION_DEVICE, device < 0 ? 0 : device};
+    OK(cuferry_managed_prefetch(m, m_bytes, here, NULL));
+    const void *ptrs[3] = {m, (const char *)m + 4096, (const char *)m + 8192};
+    size_t sizes[3] = {4096, 4096, m_bytes - 8192};
+    OK(cuferry_managed_prefetch_batch(ptrs, sizes, 3, host, NULL));
+    OK(cuferry_managed_advise(m, m_bytes, CUFERRY_ADVISE_SET_READ_MOSTLY, host));
+    OK(cuferry_managed_advise(m, m_bytes, CUFERRY_ADVISE_UNSET_READ_MOSTLY, host));
+    OK(cuferry_managed_advise(m, m_bytes, CUFERRY_ADVISE_SET_PREFERRED_LOCATION, here));
+    /* A range past the allocation, a foreign pointer, bad advice and bad locations fail. */
+    CHECK(cuferry_managed_prefetch(m, m_bytes + 1, host, NULL) == CUFERRY_STATUS_INVALID_ARGUMENT);
+    int local = 0;
+    CHECK(cuferry_managed_prefetch(&local, sizeof local, host, NULL) == CUFERRY_STATUS_INVALID_ARGUMENT);
+    CHECK(cuferry_managed_advise(m, m_bytes, 42, host) == CUFERRY_STATUS_INVALID_ARGUMENT);
+    CuferryLocation nowhere = {77, 0};
+    CHECK(cuferry_managed_prefetch(m, m_bytes, nowhere, NULL) == CUFERRY_STATUS_INVALID_ARGUMENT);
+    CuferryPoolStats ps;
+    OK(cuferry_managed_pool_stats(device, &ps));
+    if (device < 0) CHECK(ps.used_current >= m_bytes && ps.used_high >= ps.used_current);
+    int32_t kind = -1;
+    OK(cuferry_managed_pool_kind(device, &kind));
+    CHECK(device < 0 ? kind == 0 : (kind == 1 || kind == 2));
+    cuferry_managed_free(m, (ssize_t)m_bytes, device, NULL);
+    /* A double free is reported, not acted on. */
+    cuferry_managed_free(m, (ssize_t)m_bytes, device, NULL);
+    CHECK(strstr(cuferry_last_error_message(), "double free") != NULL);
+  }
+  CHECK(cuferry_managed_malloc(0, device, NULL) == NULL);
+  CHECK(cuferry_managed_malloc(-5, device, NULL) == NULL);
+  CHECK(strlen(cuferry_last_error_message()) > 0);
+
   /* Frees wait for queued copies; NULL frees are no-ops. */
   OK(cuferry_copy(stream, src, 0, dev1, 0, n));
   OK(cuferry_buffer_free(src));

@@ -14,6 +14,10 @@
 //!   `cuferry_buffer_free` waits for queued copies before freeing. The raw pointer of a pinned
 //!   buffer may be read or written by C only after `cuferry_buffer_synchronize`.
 
+mod managed;
+
+pub use managed::*;
+
 use std::cell::RefCell;
 use std::ffi::{c_char, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -89,13 +93,13 @@ thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
 }
 
-fn set_last_error(message: String) {
+pub(crate) fn set_last_error(message: String) {
     let c = CString::new(message.replace('\0', " ")).unwrap_or_default();
     LAST_ERROR.with(|slot| *slot.borrow_mut() = c);
 }
 
 /// Runs `f`, turning its error or panic into a status and the thread's last error message.
-fn guard(f: impl FnOnce() -> Result<()>) -> CuferryStatus {
+pub(crate) fn guard(f: impl FnOnce() -> Result<()>) -> CuferryStatus {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => CuferryStatus::Ok,
         Ok(Err(e)) => {
@@ -110,7 +114,7 @@ fn guard(f: impl FnOnce() -> Result<()>) -> CuferryStatus {
     }
 }
 
-fn device_of(device: i32) -> Result<Device> {
+pub(crate) fn device_of(device: i32) -> Result<Device> {
     match device {
         CUFERRY_HOST => Ok(Device::Host),
         d if d >= 0 => Ok(Device::Cuda(d as u32)),
@@ -133,7 +137,7 @@ unsafe fn handle<'a, T>(ptr: *const T, what: &str) -> Result<&'a T> {
 /// # Safety
 ///
 /// 1. `out` is NULL or valid for writing a `T`.
-unsafe fn write_out<T>(out: *mut T, value: T) -> Result<()> {
+pub(crate) unsafe fn write_out<T>(out: *mut T, value: T) -> Result<()> {
     if out.is_null() {
         return Err(Error::invalid("an out-parameter is NULL"));
     }

@@ -1,0 +1,220 @@
+// managed.cu: managed memory pools, stream-ordered allocation, prefetch (single and batched),
+// discard, advise, pointer probing, and two small kernels the tests and benchmarks use.
+//
+// Rules: see cuferry_cuda.h. Every result is checked; a batch is one CUDA call (prefetch,
+// discard) or one C call looping over CUDA's per-range call (advise, which has no batch form).
+#include "common.cuh"
+
+static cudaMemLocation cf_location(cuferry_location l) {
+  cudaMemLocation loc = {};
+  loc.type = static_cast<cudaMemLocationType>(l.type);
+  loc.id = l.id;
+  return loc;
+}
+
+static cudaMemPool_t cf_pool(cuferry_mem_pool p) { return reinterpret_cast<cudaMemPool_t>(p); }
+
+extern "C" {
+
+cuferry_status cuferry_cuda_managed_pool_create(int32_t device, int32_t prefer_device, size_t max_size,
+                                                uint64_t release_threshold, cuferry_mem_pool *pool) {
+  CF_REQUIRE(pool);
+  CF_TRY(cudaSetDevice(device));
+  cudaMemPoolProps props = {};
+  props.allocType = cudaMemAllocationTypeManaged;
+  props.handleTypes = cudaMemHandleTypeNone;
+  props.location.type = prefer_device ? cudaMemLocationTypeDevice : cudaMemLocationTypeNone;
+  props.location.id = prefer_device ? device : 0;
+  props.maxSize = max_size;
+  cudaMemPool_t p = nullptr;
+  CF_TRY(cudaMemPoolCreate(&p, &props));
+  unsigned long long threshold = release_threshold;
+  cuferry_status s = cf_check(cudaMemPoolSetAttribute(p, cudaMemPoolAttrReleaseThreshold, &threshold));
+  if (s != CUFERRY_STATUS_SUCCESS) {
+    (void)cudaMemPoolDestroy(p);
+    (void)cudaGetLastError();
+    return s;
+  }
+  *pool = reinterpret_cast<cuferry_mem_pool>(p);
+  return CUFERRY_STATUS_SUCCESS;
+}
+
+cuferry_status cuferry_cuda_mem_pool_destroy(cuferry_mem_pool pool) {
+  CF_REQUIRE(pool);
+  return cf_check(cudaMemPoolDestroy(cf_pool(pool)));
+}
+
+cuferry_status cuferry_cuda_mem_pool_alloc_async(cuferry_mem_pool pool, size_t bytes,
+                                                 cuferry_stream stream, void **ptr) {
+  CF_REQUIRE(pool);
+  CF_REQUIRE(ptr);
+  void *p = nullptr;
+  CF_TRY(cudaMallocFromPoolAsync(&p, bytes, cf_pool(pool), cf_stream(stream)));
+  *ptr = p;
+  return CUFERRY_STATUS_SUCCESS;
+}
+
+cuferry_status cuferry_cuda_free_async(void *ptr, cuferry_stream stream) {
+  CF_REQUIRE(ptr);
+  return cf_check(cudaFreeAsync(ptr, cf_stream(stream)));
+}
+
+cuferry_status cuferry_cuda_mem_pool_stats(cuferry_mem_pool pool, cuferry_pool_stats *stats) {
+  CF_REQUIRE(pool);
+  CF_REQUIRE(stats);
+  unsigned long long v[4] = {0, 0, 0, 0};
+  const cudaMemPoolAttr attrs[4] = {cudaMemPoolAttrReservedMemCurrent, cudaMemPoolAttrReservedMemHigh,
+                                    cudaMemPoolAttrUsedMemCurrent, cudaMemPoolAttrUsedMemHigh};
+  for (int i = 0; i < 4; ++i) {
+    CF_TRY(cudaMemPoolGetAttribute(cf_pool(pool), attrs[i], &v[i]));
+  }
+  stats->reserved_current = v[0];
+  stats->reserved_high = v[1];
+  stats->used_current = v[2];
+  stats->used_high = v[3];
+  return CUFERRY_STATUS_SUCCESS;
+}
+
+cuferry_status cuferry_cuda_malloc_managed(int32_t device, size_t bytes, void **ptr) {
+  CF_REQUIRE(ptr);
+  CF_TRY(cudaSetDevice(device));
+  void *p = nullptr;
+  CF_TRY(cudaMallocManaged(&p, bytes, cudaMemAttachGlobal));
+  *ptr = p;
+  return CUFERRY_STATUS_SUCCESS;
+}
+
+cuferry_status cuferry_cuda_pointer_is_managed(const void *ptr, int32_t *managed, int32_t *device) {
+  CF_REQUIRE(managed);
+  CF_REQUIRE(device);
+  cudaPointerAttributes attr = {};
+  CF_TRY(cudaPointerGetAttributes(&attr, ptr));
+  *managed = attr.type == cudaMemoryTypeManaged ? 1 : 0;
+  *device = attr.device;
+  return CUFERRY_STATUS_SUCCESS;
+}
+
+cuferry_status cuferry_cuda_mem_prefetch_async(const void *ptr, size_t bytes, cuferry_location location,
+                                               cuferry_stream stream) {
+  CF_REQUIRE(ptr);
+  return cf_check(cudaMemPrefetchAsync(ptr, bytes, cf_location(location), 0, cf_stream(stream)));
+}
+
+// Converts up to `n` locations into a caller-provided array of cudaMemLocation.
+static cuferry_status cf_locations(const cuferry_location *in, size_t n, cudaMemLocation *out) {
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = cf_location(in[i]);
+  }
+  return CUFERRY_STATUS_SUCCESS;
+}
+
+// Location tables of batched calls live on the stack up to this many entries.
+#define CF_MAX_BATCH_LOCATIONS 64
+
+cuferry_status cuferry_cuda_mem_prefetch_batch_async(void **ptrs, size_t *sizes, size_t count,
+                                                     cuferry_location *locations,
+                                                     size_t *location_starts, size_t n_locations,
+                                                     cuferry_stream stream) {
+  CF_REQUIRE(ptrs);
+  CF_REQUIRE(sizes);
+  CF_REQUIRE(locations);
+  CF_REQUIRE(location_starts);
+  if (n_locations == 0 || n_locations > CF_MAX_BATCH_LOCATIONS || n_locations > count) {
+    return CUFERRY_STATUS_BAD_ENUM;
+  }
+  cudaMemLocation locs[CF_MAX_BATCH_LOCATIONS];
+  cf_locations(locations, n_locations, locs);
+  return cf_check(cudaMemPrefetchBatchAsync(ptrs, sizes, count, locs, location_starts, n_locations, 0,
+                                            cf_stream(stream)));
+}
+
+cuferry_status cuferry_cuda_mem_discard_batch_async(void **ptrs, size_t *sizes, size_t count,
+                                                    cuferry_stream stream) {
+  CF_REQUIRE(ptrs);
+  CF_REQUIRE(sizes);
+  return cf_check(cudaMemDiscardBatchAsync(ptrs, sizes, count, 0, cf_stream(stream)));
+}
+
+cuferry_status cuferry_cuda_mem_discard_and_prefetch_batch_async(void **ptrs, size_t *sizes, size_t count,
+                                                                 cuferry_location *locations,
+                                                                 size_t *location_starts,
+                                                                 size_t n_locations,
+                                                                 cuferry_stream stream) {
+  CF_REQUIRE(ptrs);
+  CF_REQUIRE(sizes);
+  CF_REQUIRE(locations);
+  CF_REQUIRE(location_starts);
+  if (n_locations == 0 || n_locations > CF_MAX_BATCH_LOCATIONS || n_locations > count) {
+    return CUFERRY_STATUS_BAD_ENUM;
+  }
+  cudaMemLocation locs[CF_MAX_BATCH_LOCATIONS];
+  cf_locations(locations, n_locations, locs);
+  return cf_check(cudaMemDiscardAndPrefetchBatchAsync(ptrs, sizes, count, locs, location_starts,
+                                                      n_locations, 0, cf_stream(stream)));
+}
+
+cuferry_status cuferry_cuda_mem_advise_ranges(void **ptrs, size_t *sizes, size_t count, int32_t advice,
+                                              cuferry_location location) {
+  CF_REQUIRE(ptrs);
+  CF_REQUIRE(sizes);
+  if (advice < CUFERRY_ADVISE_SET_READ_MOSTLY || advice > CUFERRY_ADVISE_UNSET_ACCESSED_BY) {
+    return CUFERRY_STATUS_BAD_ENUM;
+  }
+  for (size_t i = 0; i < count; ++i) {
+    CF_TRY(cudaMemAdvise(ptrs[i], sizes[i], static_cast<cudaMemoryAdvise>(advice), cf_location(location)));
+  }
+  return CUFERRY_STATUS_SUCCESS;
+}
+
+__global__ void cf_fill_pattern_u32(uint32_t *data, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    data[i] = seed * 2654435761u + static_cast<uint32_t>(i);
+  }
+}
+
+__global__ void cf_sum_u32(const uint32_t *data, size_t n, unsigned long long *sum) {
+  __shared__ unsigned long long partial[256];
+  unsigned long long acc = 0;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    acc += data[i];
+  }
+  partial[threadIdx.x] = acc;
+  __syncthreads();
+  for (unsigned stride = blockDim.x / 2; stride > 0; stride >>= 1) {
+    if (threadIdx.x < stride) {
+      partial[threadIdx.x] += partial[threadIdx.x + stride];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    atomicAdd(sum, partial[0]);
+  }
+}
+
+static unsigned cf_blocks(size_t n) {
+  size_t blocks = (n + 255) / 256;
+  return static_cast<unsigned>(blocks < 1024 ? (blocks == 0 ? 1 : blocks) : 1024);
+}
+
+cuferry_status cuferry_cuda_fill_pattern_u32(uint32_t *data, size_t n, uint32_t seed, cuferry_stream stream) {
+  if (n == 0) {
+    return CUFERRY_STATUS_SUCCESS;
+  }
+  CF_REQUIRE(data);
+  cf_fill_pattern_u32<<<cf_blocks(n), 256, 0, cf_stream(stream)>>>(data, n, seed);
+  return cf_check(cudaGetLastError());
+}
+
+cuferry_status cuferry_cuda_sum_u32(const uint32_t *data, size_t n, unsigned long long *sum,
+                                    cuferry_stream stream) {
+  CF_REQUIRE(sum);
+  CF_TRY(cudaMemsetAsync(sum, 0, sizeof(*sum), cf_stream(stream)));
+  if (n == 0) {
+    return CUFERRY_STATUS_SUCCESS;
+  }
+  CF_REQUIRE(data);
+  cf_sum_u32<<<cf_blocks(n), 256, 0, cf_stream(stream)>>>(data, n, sum);
+  return cf_check(cudaGetLastError());
+}
+
+}  // extern "C"

@@ -1,0 +1,398 @@
+//! The managed-memory part of the C ABI: PyTorch's `CUDAPluggableAllocator` pair, prefetch
+//! (single and batched), advice and pool statistics on raw pointers.
+//!
+//! Rules:
+//! - `cuferry_managed_malloc` / `cuferry_managed_free` have exactly the signatures PyTorch's
+//!   pluggable allocator loads; they allocate from one managed pool per device (made on first
+//!   use), stream-ordered on the given stream. A failed allocation returns NULL, leaves no CUDA
+//!   error pending, and sets the thread's last error message.
+//! - Pointers handed out are registered: freeing an unknown pointer, or twice, is reported (as
+//!   the last error message) and does nothing. Prefetch and advice check that every range lies
+//!   inside one live cuferry allocation, or is managed memory from elsewhere (probed).
+//! - Device -1 is the host backend's pool (plain host memory; prefetch to the host and advice
+//!   are no-ops there).
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{c_int, c_void};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use super::{device_of, guard, set_last_error, write_out, CuferryStatus};
+use crate::cuda::managed::{self as raw, Batch};
+use crate::cuda::stream::RawStream;
+use crate::error::{Error, Result};
+use crate::managed::{Advice, Location, ManagedPool, ManagedPoolOptions, PoolKind};
+
+/// Location kind: a CUDA device (`id` is its ordinal).
+pub const CUFERRY_LOCATION_DEVICE: i32 = 1;
+/// Location kind: host memory.
+pub const CUFERRY_LOCATION_HOST: i32 = 2;
+/// Location kind: host memory of NUMA node `id`.
+pub const CUFERRY_LOCATION_HOST_NUMA: i32 = 3;
+/// Location kind: host memory of the calling thread's NUMA node.
+pub const CUFERRY_LOCATION_HOST_NUMA_CURRENT: i32 = 4;
+
+/// Advice: read-mostly (set).
+pub const CUFERRY_ADVISE_SET_READ_MOSTLY: i32 = 1;
+/// Advice: read-mostly (unset).
+pub const CUFERRY_ADVISE_UNSET_READ_MOSTLY: i32 = 2;
+/// Advice: preferred location (set; uses the location).
+pub const CUFERRY_ADVISE_SET_PREFERRED_LOCATION: i32 = 3;
+/// Advice: preferred location (unset).
+pub const CUFERRY_ADVISE_UNSET_PREFERRED_LOCATION: i32 = 4;
+/// Advice: accessed by the location's device (set).
+pub const CUFERRY_ADVISE_SET_ACCESSED_BY: i32 = 5;
+/// Advice: accessed by the location's device (unset).
+pub const CUFERRY_ADVISE_UNSET_ACCESSED_BY: i32 = 6;
+
+/// Where managed pages should go: a `CUFERRY_LOCATION_*` kind and an id.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CuferryLocation {
+    /// `CUFERRY_LOCATION_*`.
+    pub kind: i32,
+    /// Device ordinal or NUMA node, per `kind`.
+    pub id: i32,
+}
+
+/// Byte counters of a device's managed pool.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CuferryPoolStats {
+    /// Bytes reserved now.
+    pub reserved_current: u64,
+    /// Most bytes ever reserved.
+    pub reserved_high: u64,
+    /// Bytes in live allocations now.
+    pub used_current: u64,
+    /// Most bytes ever in live allocations.
+    pub used_high: u64,
+}
+
+fn location_of(l: CuferryLocation) -> Result<Location> {
+    match l.kind {
+        CUFERRY_LOCATION_DEVICE if l.id >= 0 => Ok(Location::Device(l.id as u32)),
+        CUFERRY_LOCATION_HOST => Ok(Location::Host),
+        CUFERRY_LOCATION_HOST_NUMA => Ok(Location::HostNuma(l.id)),
+        CUFERRY_LOCATION_HOST_NUMA_CURRENT => Ok(Location::HostNumaCurrent),
+        k => Err(Error::invalid(format!("location kind {k} (id {})", l.id))),
+    }
+}
+
+fn advice_of(advice: i32, location: CuferryLocation) -> Result<Advice> {
+    Ok(match advice {
+        CUFERRY_ADVISE_SET_READ_MOSTLY => Advice::SetReadMostly,
+        CUFERRY_ADVISE_UNSET_READ_MOSTLY => Advice::UnsetReadMostly,
+        CUFERRY_ADVISE_SET_PREFERRED_LOCATION => Advice::SetPreferredLocation(location_of(location)?),
+        CUFERRY_ADVISE_UNSET_PREFERRED_LOCATION => Advice::UnsetPreferredLocation,
+        CUFERRY_ADVISE_SET_ACCESSED_BY => Advice::SetAccessedBy(location_of(location)?),
+        CUFERRY_ADVISE_UNSET_ACCESSED_BY => Advice::UnsetAccessedBy(location_of(location)?),
+        a => return Err(Error::invalid(format!("advice {a}"))),
+    })
+}
+
+/// One pool per device number, made on first use.
+fn pools() -> MutexGuard<'static, HashMap<i32, ManagedPool>> {
+    static POOLS: OnceLock<Mutex<HashMap<i32, ManagedPool>>> = OnceLock::new();
+    POOLS.get_or_init(Mutex::default).lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn pool_for(device: i32) -> Result<ManagedPool> {
+    let mut pools = pools();
+    if let Some(p) = pools.get(&device) {
+        return Ok(p.clone());
+    }
+    let pool = ManagedPool::new(device_of(device)?, ManagedPoolOptions::default())?;
+    pools.insert(device, pool.clone());
+    Ok(pool)
+}
+
+/// Live allocations handed out through the C ABI: address -> (device, bytes).
+fn allocations() -> MutexGuard<'static, BTreeMap<usize, (i32, usize)>> {
+    static ALLOCS: OnceLock<Mutex<BTreeMap<usize, (i32, usize)>>> = OnceLock::new();
+    ALLOCS.get_or_init(Mutex::default).lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn raw_stream(stream: *mut c_void) -> RawStream {
+    RawStream(stream.cast())
+}
+
+/// Allocates `size` bytes of managed memory for `device`, in order on `stream`
+/// (`CUDAPluggableAllocator`'s alloc). NULL on failure (see `cuferry_last_error_message`).
+///
+/// # Safety
+///
+/// `stream` is a live `cudaStream_t` of `device` (or NULL, the legacy default stream).
+#[no_mangle]
+pub unsafe extern "C" fn cuferry_managed_malloc(
+    size: libc::ssize_t,
+    device: c_int,
+    stream: *mut c_void,
+) -> *mut c_void {
+    let mut out: *mut c_void = std::ptr::null_mut();
+    let status = guard(|| {
+        let bytes = usize::try_from(size)
+            .ok()
+            .filter(|&b| b > 0)
+            .ok_or_else(|| Error::invalid(format!("size {size}")))?;
+        let pool = pool_for(device)?;
+        let s = (pool.kind() == PoolKind::ManagedPool).then(|| raw_stream(stream));
+        let ptr = pool.inner.alloc_raw(bytes, s)?;
+        allocations().insert(ptr as usize, (device, bytes));
+        out = ptr.cast();
+        Ok(())
+    });
+    if status == CuferryStatus::Ok {
+        out
+    } else {
+        std::ptr::null_mut()
+    }
+}
+
+/// Frees memory from [`cuferry_managed_malloc`] in order on `stream`
+/// (`CUDAPluggableAllocator`'s free). Unknown pointers and size or device mismatches are
+/// reported through `cuferry_last_error_message` and ignored.
+///
+/// # Safety
+///
+/// `stream` is a live `cudaStream_t` (or NULL); every use of `ptr` is queued on it before this
+/// call or has finished.
+#[no_mangle]
+pub unsafe extern "C" fn cuferry_managed_free(
+    ptr: *mut c_void,
+    size: libc::ssize_t,
+    device: c_int,
+    stream: *mut c_void,
+) {
+    let _ = guard(|| {
+        let Some((dev, bytes)) = allocations().remove(&(ptr as usize)) else {
+            return Err(Error::invalid(format!(
+                "{ptr:?} is not a live cuferry managed allocation (double free?)"
+            )));
+        };
+        if dev != device || usize::try_from(size).ok() != Some(bytes) {
+            set_last_error(format!(
+                "free of {ptr:?}: given size {size} on device {device}, allocated {bytes} on {dev}"
+            ));
+        }
+        let pool = pool_for(dev)?;
+        let s = (pool.kind() == PoolKind::ManagedPool).then(|| raw_stream(stream));
+        // SAFETY: the registry proves `ptr` came from this pool with `bytes` and frees it once;
+        // the caller orders every use before this point on `stream`.
+        unsafe { pool.inner.free_raw(ptr.cast(), bytes, s) }
+    });
+}
+
+/// The device of the live allocation holding `ptr..ptr+bytes`, or of foreign managed memory.
+fn owner(ptr: *const c_void, bytes: usize) -> Result<i32> {
+    let addr = ptr as usize;
+    if let Some((&start, &(device, len))) = allocations().range(..=addr).next_back() {
+        if addr + bytes <= start + len {
+            return Ok(device);
+        }
+    }
+    match raw::pointer_is_managed(ptr) {
+        Ok((true, device)) => Ok(device),
+        _ => Err(Error::invalid(format!("{ptr:?}..+{bytes} is not inside managed memory"))),
+    }
+}
+
+/// Checks the ranges and the device's capabilities; `Ok(false)` for host-pool memory.
+fn check_ranges(ranges: &[(*const c_void, usize)], what: &str) -> Result<bool> {
+    let mut cuda = None;
+    for &(p, n) in ranges {
+        if p.is_null() || n == 0 {
+            return Err(Error::invalid(format!("{what}: empty or NULL range")));
+        }
+        let device = owner(p, n)?;
+        let is_cuda = device >= 0;
+        if *cuda.get_or_insert(is_cuda) != is_cuda {
+            return Err(Error::invalid(format!("{what}: host and CUDA memory in one call")));
+        }
+        if is_cuda && !pool_for(device)?.capabilities().concurrent_managed_access {
+            return Err(Error::unsupported(format!(
+                "{what} needs concurrentManagedAccess, which cuda:{device} lacks"
+            )));
+        }
+    }
+    Ok(cuda.unwrap_or(false))
+}
+
+/// Prefetches one range to `location`, queued on `stream`.
+///
+/// # Safety
+///
+/// `stream` is a live `cudaStream_t` (or NULL); the memory stays allocated until it ran.
+#[no_mangle]
+pub unsafe extern "C" fn cuferry_managed_prefetch(
+    ptr: *const c_void,
+    bytes: usize,
+    location: CuferryLocation,
+    stream: *mut c_void,
+) -> CuferryStatus {
+    guard(|| {
+        let loc = location_of(location)?;
+        if !check_ranges(&[(ptr, bytes)], "prefetch")? {
+            return host_only(loc, "prefetch");
+        }
+        // SAFETY: the range is managed memory (checked) kept allocated by the caller.
+        unsafe { raw::prefetch_async(ptr, bytes, loc.raw()?, raw_stream(stream)) }
+    })
+}
+
+fn host_only(location: Location, what: &str) -> Result<()> {
+    match location {
+        Location::Device(i) => {
+            Err(Error::unsupported(format!("{what}: host-pool memory cannot move to cuda:{i}")))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Reads `count` ranges from two C arrays.
+///
+/// # Safety
+///
+/// Both arrays are NULL or hold `count` readable elements.
+unsafe fn ranges_of(
+    ptrs: *const *const c_void,
+    sizes: *const usize,
+    count: usize,
+) -> Result<Vec<(*const c_void, usize)>> {
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    if ptrs.is_null() || sizes.is_null() {
+        return Err(Error::invalid("ptrs or sizes is NULL"));
+    }
+    // SAFETY: the caller's contract: `count` readable elements each.
+    let (p, s) =
+        unsafe { (std::slice::from_raw_parts(ptrs, count), std::slice::from_raw_parts(sizes, count)) };
+    Ok(p.iter().copied().zip(s.iter().copied()).collect())
+}
+
+/// Prefetches `count` ranges to `location` in ONE batched call, queued on `stream` (on the
+/// legacy default stream, NULL, CUDA allows no batch: one call per range there).
+///
+/// # Safety
+///
+/// `ptrs` and `sizes` hold `count` elements; `stream` is live (or NULL); the memory stays
+/// allocated until the batch ran.
+#[no_mangle]
+pub unsafe extern "C" fn cuferry_managed_prefetch_batch(
+    ptrs: *const *const c_void,
+    sizes: *const usize,
+    count: usize,
+    location: CuferryLocation,
+    stream: *mut c_void,
+) -> CuferryStatus {
+    guard(|| {
+        let loc = location_of(location)?;
+        // SAFETY: the caller's contract on the arrays.
+        let ranges = unsafe { ranges_of(ptrs, sizes, count) }?;
+        if ranges.is_empty() {
+            return Ok(());
+        }
+        if !check_ranges(&ranges, "prefetch")? {
+            return host_only(loc, "prefetch");
+        }
+        let location = loc.raw()?;
+        if stream.is_null() {
+            // CUDA refuses batched prefetches on the legacy default stream: one call per range
+            // keeps the caller's ordering there.
+            for &(p, n) in &ranges {
+                // SAFETY: every range is managed memory (checked) kept allocated by the caller.
+                unsafe { raw::prefetch_async(p, n, location, raw_stream(stream)) }?;
+            }
+            return Ok(());
+        }
+        let mut batch = Batch {
+            ptrs: ranges.iter().map(|(p, _)| p.cast_mut()).collect(),
+            sizes: ranges.iter().map(|(_, n)| *n).collect(),
+            locations: vec![location],
+            starts: vec![0],
+        };
+        // SAFETY: every range is managed memory (checked) kept allocated by the caller.
+        unsafe { raw::prefetch_batch_async(&mut batch, false, raw_stream(stream)) }
+    })
+}
+
+/// Gives advice (`CUFERRY_ADVISE_*`, with `location` where the advice names one) for a range.
+///
+/// # Safety
+///
+/// The memory is live.
+#[no_mangle]
+pub unsafe extern "C" fn cuferry_managed_advise(
+    ptr: *const c_void,
+    bytes: usize,
+    advice: i32,
+    location: CuferryLocation,
+) -> CuferryStatus {
+    guard(|| {
+        let advice = advice_of(advice, location)?;
+        if !check_ranges(&[(ptr, bytes)], "advise")? {
+            return advice.location_host_only();
+        }
+        let (value, loc) = advice.raw()?;
+        let mut batch = Batch {
+            ptrs: vec![ptr.cast_mut()],
+            sizes: vec![bytes],
+            locations: Vec::new(),
+            starts: Vec::new(),
+        };
+        // SAFETY: the range is live managed memory (checked).
+        unsafe { raw::advise_ranges(&mut batch, value, loc) }
+    })
+}
+
+impl Advice {
+    /// Advice on host-pool memory is a no-op, but not towards a CUDA device.
+    fn location_host_only(self) -> Result<()> {
+        match self.location() {
+            Some(l) => host_only(l, "advise"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Byte counters of `device`'s managed pool (made on first use).
+///
+/// # Safety
+///
+/// `out` is NULL or valid for writing a `CuferryPoolStats`.
+#[no_mangle]
+pub unsafe extern "C" fn cuferry_managed_pool_stats(
+    device: i32,
+    out: *mut CuferryPoolStats,
+) -> CuferryStatus {
+    guard(|| {
+        let s = pool_for(device)?.stats()?;
+        let stats = CuferryPoolStats {
+            reserved_current: s.reserved_current,
+            reserved_high: s.reserved_high,
+            used_current: s.used_current,
+            used_high: s.used_high,
+        };
+        // SAFETY: the caller's contract on `out`.
+        unsafe { write_out(out, stats) }
+    })
+}
+
+/// Which allocator backs `device`'s pool in `*kind`: 0 host, 1 managed pool, 2
+/// `cudaMallocManaged` fallback.
+///
+/// # Safety
+///
+/// `kind` is NULL or valid for writing an `int32_t`.
+#[no_mangle]
+pub unsafe extern "C" fn cuferry_managed_pool_kind(device: i32, kind: *mut i32) -> CuferryStatus {
+    guard(|| {
+        let k = match pool_for(device)?.kind() {
+            PoolKind::Host => 0,
+            PoolKind::ManagedPool => 1,
+            PoolKind::MallocManaged => 2,
+        };
+        // SAFETY: the caller's contract on `kind`.
+        unsafe { write_out(kind, k) }
+    })
+}

@@ -1,0 +1,127 @@
+//! Small kernels for tests and benchmarks: fill a `u32` buffer with a known pattern, and sum
+//! one, on the device that holds it (a host job on the host backend).
+//!
+//! Rules: both are queued like any cuferry operation (ordered with the buffer's other uses);
+//! `sum_u32` returns once the sum is known. On a CUDA stream the memory must be device memory
+//! or managed memory; on a host stream it must be host-accessible.
+//!
+//! # Examples
+//!
+//! ```
+//! use cuferry::kernels::{fill_pattern_u32, pattern_value, sum_u32};
+//! use cuferry::{Device, DeviceBuffer, Stream};
+//! let stream = Stream::new(Device::Host)?;
+//! let mut buf = DeviceBuffer::<u32>::zeroed(&stream, 1000)?;
+//! fill_pattern_u32(&stream, &mut buf, 7)?;
+//! let expected: u64 = (0..1000).map(|i| u64::from(pattern_value(7, i))).sum();
+//! assert_eq!(sum_u32(&stream, &buf)?, expected);
+//! # Ok::<(), cuferry::Error>(())
+//! ```
+
+use crate::cuda::managed as raw;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::memory::sealed::Sealed;
+use crate::memory::tracker::UseTracker;
+use crate::memory::{DeviceBuffer, Memory, MemoryKind};
+use crate::stream::{Stream, StreamBackend};
+
+/// Element `i` of the pattern of `seed`.
+pub fn pattern_value(seed: u32, i: usize) -> u32 {
+    seed.wrapping_mul(2_654_435_761).wrapping_add(i as u32)
+}
+
+fn check_reachable(stream: &Stream, kind: MemoryKind) -> Result<()> {
+    let ok = match stream.device() {
+        Device::Host => kind.host_accessible(),
+        Device::Cuda(_) => {
+            matches!(kind, MemoryKind::Device(Device::Cuda(_)) | MemoryKind::Managed(Device::Cuda(_)))
+        }
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!("a kernel on {} cannot reach {kind:?} memory", stream.device())))
+    }
+}
+
+/// A raw pointer carried to a host job.
+struct SendPtr(*mut u32, usize);
+
+// SAFETY: the memory is kept alive and ordered by its tracker until the job has run.
+unsafe impl Send for SendPtr {}
+
+/// Writes `pattern_value(seed, i)` into element `i` of `dst`, queued on `stream`.
+///
+/// # Errors
+///
+/// [`Error::InvalidArgument`] when the stream cannot reach the memory; CUDA launch errors.
+pub fn fill_pattern_u32<M: Memory<u32> + ?Sized>(stream: &Stream, dst: &mut M, seed: u32) -> Result<()> {
+    check_reachable(stream, dst.kind())?;
+    let parts = dst.raw_parts();
+    let (ptr, n) = (parts.ptr.cast::<u32>(), dst.len());
+    UseTracker::use_on(stream, &[parts.tracker], || match stream.backend() {
+        StreamBackend::Host(q) => {
+            let target = SendPtr(ptr, n);
+            q.submit(Box::new(move || {
+                let target = target;
+                for i in 0..target.1 {
+                    // SAFETY: in bounds of a live buffer, exclusively ours while queued (`&mut`).
+                    unsafe { target.0.add(i).write(pattern_value(seed, i)) };
+                }
+                Ok(())
+            }))
+        }
+        // SAFETY: device-reachable memory (checked) kept alive by its tracker.
+        StreamBackend::Cuda(s) => unsafe { raw::fill_pattern_u32(ptr, n, seed, s.raw) },
+    })
+}
+
+/// The sum of `src`'s elements as `u64`, computed where the memory is; blocks until known.
+///
+/// # Errors
+///
+/// As [`fill_pattern_u32`].
+pub fn sum_u32<M: Memory<u32> + ?Sized>(stream: &Stream, src: &M) -> Result<u64> {
+    check_reachable(stream, src.kind())?;
+    let parts = src.raw_parts();
+    let (ptr, n) = (parts.ptr.cast::<u32>(), src.len());
+    match stream.device() {
+        Device::Host => {
+            let result = std::sync::Arc::new(std::sync::Mutex::new(0u64));
+            let out = std::sync::Arc::clone(&result);
+            let source = SendPtr(ptr, n);
+            let done = crate::Event::new(Device::Host)?;
+            UseTracker::use_on(stream, &[parts.tracker], || {
+                stream.host_fn(move || {
+                    let source = source;
+                    let mut acc = 0u64;
+                    for i in 0..source.1 {
+                        // SAFETY: in bounds of a live buffer whose tracker orders this read.
+                        acc += u64::from(unsafe { source.0.add(i).read() });
+                    }
+                    if let Ok(mut o) = out.lock() {
+                        *o = acc;
+                    }
+                })
+            })?;
+            done.record(stream)?;
+            done.synchronize()?;
+            let value = *result.lock().map_err(|_| Error::invalid("sum result lock poisoned"))?;
+            Ok(value)
+        }
+        Device::Cuda(_) => {
+            let sum = DeviceBuffer::<u64>::zeroed(stream, 1)?;
+            let sum_parts = sum.raw_parts();
+            let sum_ptr = sum_parts.ptr.cast::<u64>();
+            UseTracker::use_on(stream, &[parts.tracker, sum_parts.tracker], || {
+                // SAFETY: both are device-reachable (checked / device memory) and kept alive by
+                // their trackers until the stream ran the kernel.
+                unsafe { raw::sum_u32(ptr, n, sum_ptr, stream.cuda_raw()?) }
+            })?;
+            let mut out = [0u64];
+            sum.copy_to_slice(stream, &mut out)?;
+            Ok(out[0])
+        }
+    }
+}

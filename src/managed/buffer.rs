@@ -1,0 +1,297 @@
+//! `ManagedBuffer<T>`: one managed allocation, freed in stream order.
+//!
+//! Rules:
+//! - A buffer is allocated on a stream (stream-ordered for CUDA pools); its first use on another
+//!   stream waits for the allocation. Later uses are ordered by its use tracker, like every
+//!   cuferry buffer.
+//! - Dropping the buffer frees it on the stream it was last used on, without a host wait for
+//!   CUDA pools (`cudaFreeAsync` after the last use); the fallback and host kinds wait first.
+//! - Host access goes through `as_slice`/`as_mut_slice`, which wait for queued uses first.
+//! - `prefetch` and `advise_*` need `concurrentManagedAccess` on CUDA (else
+//!   [`Error::Unsupported`] naming it); on the host backend, prefetch to the host and advice
+//!   are no-ops that still validate their range; prefetch to a device is unsupported there.
+
+use std::marker::PhantomData;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::bulk::{self, ManagedRange};
+use super::location::{Advice, Location};
+use super::pool::{ManagedPool, PoolInner, PoolKind};
+use crate::cuda::memory as raw_memory;
+use crate::device::Device;
+use crate::error::{record_drop_error, Error, Result};
+use crate::memory::allocation::byte_len;
+use crate::memory::sealed::{RawParts, Sealed};
+use crate::memory::tracker::UseTracker;
+use crate::memory::{Element, Memory, MemoryKind};
+use crate::stream::Stream;
+
+/// Source of allocation ids (unique per process): bulk calls count an allocation once by it.
+static NEXT_ALLOCATION: AtomicU64 = AtomicU64::new(1);
+
+/// A managed allocation of `len` elements of `T`. See the [module docs](self).
+#[derive(Debug)]
+pub struct ManagedBuffer<T: Element> {
+    pool: Arc<PoolInner>,
+    ptr: *mut u8,
+    len: usize,
+    id: u64,
+    tracker: UseTracker,
+    _element: PhantomData<T>,
+}
+
+// SAFETY: the memory is owned by this value; shared access only reads the pointer and goes
+// through the tracker's mutex, and host access is borrow-checked.
+unsafe impl<T: Element> Send for ManagedBuffer<T> {}
+// SAFETY: as above.
+unsafe impl<T: Element> Sync for ManagedBuffer<T> {}
+
+impl ManagedPool {
+    /// `len` zeroed elements, allocated (and zeroed) in order on `stream`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for `len == 0`, a size overflow or a stream of another
+    /// device; allocation errors (out of memory, ...).
+    pub fn alloc<T: Element>(&self, len: usize, stream: &Stream) -> Result<ManagedBuffer<T>> {
+        // SAFETY: the memset below (or the zeroed host allocation) initialises every byte
+        // before any use is queued.
+        let buf = unsafe { self.alloc_uninit::<T>(len, stream)? };
+        if let PoolKind::ManagedPool | PoolKind::MallocManaged = self.inner.kind {
+            let (ptr, bytes) = (buf.ptr, buf.bytes());
+            UseTracker::use_on(stream, &[&buf.tracker], || {
+                // SAFETY: the allocation lives until its tracker's last use has run (Drop frees
+                // in stream order after it).
+                unsafe { raw_memory::memset_async(ptr.cast(), 0, bytes, stream.cuda_raw()?) }
+            })?;
+        }
+        Ok(buf)
+    }
+
+    /// `len` elements without initialising them, allocated in order on `stream`.
+    ///
+    /// # Safety
+    ///
+    /// 1. The contents are unspecified until written: do not read them before writing.
+    ///
+    /// # Errors
+    ///
+    /// As [`ManagedPool::alloc`].
+    pub unsafe fn alloc_uninit<T: Element>(&self, len: usize, stream: &Stream) -> Result<ManagedBuffer<T>> {
+        if stream.device() != self.inner.device {
+            return Err(Error::invalid(format!(
+                "a pool of {} allocates on its own device's streams, not one of {}",
+                self.inner.device,
+                stream.device()
+            )));
+        }
+        let bytes = byte_len::<T>(len)?;
+        let raw_stream = match self.inner.kind {
+            PoolKind::ManagedPool => Some(stream.cuda_raw()?),
+            _ => None,
+        };
+        let ptr = self.inner.alloc_raw(bytes, raw_stream)?;
+        Ok(ManagedBuffer {
+            pool: Arc::clone(&self.inner),
+            ptr,
+            len,
+            id: NEXT_ALLOCATION.fetch_add(1, Ordering::Relaxed),
+            tracker: UseTracker::with_origin(stream.clone()),
+            _element: PhantomData,
+        })
+    }
+}
+
+impl<T: Element> ManagedBuffer<T> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer holds no elements (never, pools refuse empty allocations).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.len * std::mem::size_of::<T>()
+    }
+
+    /// The device of the pool it came from.
+    pub fn device(&self) -> Device {
+        self.pool.device
+    }
+
+    /// The unified address, valid on the host and on devices (for kernels and other
+    /// libraries; work queued through it is not tracked).
+    pub fn as_ptr(&self) -> *const T {
+        self.ptr.cast()
+    }
+
+    /// The unified address for writing; see [`ManagedBuffer::as_ptr`].
+    pub fn as_mut_ptr(&mut self) -> *mut T {
+        self.ptr.cast()
+    }
+
+    /// The contents on the host, after waiting for every queued use.
+    ///
+    /// # Errors
+    ///
+    /// CUDA errors of the wait.
+    pub fn as_slice(&self) -> Result<&[T]> {
+        self.tracker.wait_idle()?;
+        // SAFETY: `len` initialised `T` (zeroed or written, `T: Pod`) at a host-accessible,
+        // suitably aligned address; no queued use is pending and a queued write needs `&mut`.
+        Ok(unsafe { std::slice::from_raw_parts(self.ptr.cast::<T>(), self.len) })
+    }
+
+    /// The contents on the host for writing, after waiting for every queued use.
+    ///
+    /// # Errors
+    ///
+    /// CUDA errors of the wait.
+    pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
+        self.tracker.wait_idle()?;
+        // SAFETY: as in `as_slice`, and `&mut self` makes this the only access.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.cast::<T>(), self.len) })
+    }
+
+    /// Blocks until every queued use has finished.
+    ///
+    /// # Errors
+    ///
+    /// CUDA errors of the wait.
+    pub fn synchronize(&self) -> Result<()> {
+        self.tracker.wait_idle()
+    }
+
+    /// The whole buffer as a range for the bulk functions.
+    pub fn range(&self) -> ManagedRange<'_> {
+        ManagedRange::new(self.id, self.ptr, 0, self.bytes(), &self.pool, &self.tracker)
+    }
+
+    /// Elements `elements` as a range for the bulk functions.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when the range is empty or out of bounds.
+    pub fn subrange(&self, elements: Range<usize>) -> Result<ManagedRange<'_>> {
+        if elements.start >= elements.end || elements.end > self.len {
+            return Err(Error::invalid(format!("range {elements:?} of a buffer of {} elements", self.len)));
+        }
+        let size = std::mem::size_of::<T>();
+        Ok(ManagedRange::new(
+            self.id,
+            self.ptr,
+            elements.start * size,
+            elements.end * size,
+            &self.pool,
+            &self.tracker,
+        ))
+    }
+
+    /// Migrates the pages to `location`, queued on `stream`; returns the bytes prefetched.
+    ///
+    /// # Errors
+    ///
+    /// See the module rules; CUDA errors of `cudaMemPrefetchAsync`.
+    pub fn prefetch(&self, location: Location, stream: &Stream) -> Result<usize> {
+        bulk::prefetch_all(&[self.range()], location, stream)
+    }
+
+    /// Gives `advice` for the whole buffer.
+    ///
+    /// # Errors
+    ///
+    /// See the module rules; CUDA errors of `cudaMemAdvise`.
+    pub fn advise(&self, advice: Advice) -> Result<usize> {
+        bulk::advise_all(&[self.range()], advice)
+    }
+
+    /// Prefers `location` for the pages (`cudaMemAdviseSetPreferredLocation`).
+    ///
+    /// # Errors
+    ///
+    /// As [`ManagedBuffer::advise`].
+    pub fn advise_preferred_location(&self, location: Location) -> Result<usize> {
+        self.advise(Advice::SetPreferredLocation(location))
+    }
+
+    /// Maps the pages for `location`'s device (`cudaMemAdviseSetAccessedBy`).
+    ///
+    /// # Errors
+    ///
+    /// As [`ManagedBuffer::advise`].
+    pub fn advise_accessed_by(&self, location: Location) -> Result<usize> {
+        self.advise(Advice::SetAccessedBy(location))
+    }
+
+    /// Marks the pages read-mostly (`cudaMemAdviseSetReadMostly`).
+    ///
+    /// # Errors
+    ///
+    /// As [`ManagedBuffer::advise`].
+    pub fn advise_read_mostly(&self) -> Result<usize> {
+        self.advise(Advice::SetReadMostly)
+    }
+
+    /// Discards the contents (no migration of stale pages), queued on `stream`.
+    ///
+    /// # Safety
+    ///
+    /// 1. The contents are indeterminate afterwards: write (or prefetch-and-write) before
+    ///    reading them.
+    ///
+    /// # Errors
+    ///
+    /// As [`ManagedBuffer::prefetch`].
+    pub unsafe fn discard(&self, stream: &Stream) -> Result<usize> {
+        // SAFETY: the caller's precondition 1.
+        unsafe { bulk::discard_all(&[self.range()], stream) }
+    }
+}
+
+impl<T: Element> Drop for ManagedBuffer<T> {
+    fn drop(&mut self) {
+        let bytes = self.bytes();
+        let freed = match self.pool.kind {
+            PoolKind::ManagedPool => {
+                // Free in stream order after the last use: no host wait.
+                let stream = self.tracker.last_stream().and_then(|s| s.cuda_raw().ok());
+                // SAFETY: every use is queued on (or ordered before) the last-use stream.
+                unsafe { self.pool.free_raw(self.ptr, bytes, stream) }
+            }
+            _ => match self.tracker.wait_idle() {
+                // SAFETY: every use has finished.
+                Ok(()) => unsafe { self.pool.free_raw(self.ptr, bytes, None) },
+                // The queued work's fate is unknown: leak rather than free under it.
+                Err(e) => Err(e),
+            },
+        };
+        if let Err(e) = freed {
+            record_drop_error(e);
+        }
+    }
+}
+
+impl<T: Element> Sealed for ManagedBuffer<T> {
+    fn raw_parts(&self) -> RawParts<'_> {
+        RawParts { ptr: self.ptr, bytes: self.bytes(), tracker: &self.tracker }
+    }
+}
+
+impl<T: Element> Memory<T> for ManagedBuffer<T> {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn kind(&self) -> MemoryKind {
+        match self.pool.kind {
+            PoolKind::Host => MemoryKind::Pageable,
+            _ => MemoryKind::Managed(self.pool.device),
+        }
+    }
+}

@@ -1,0 +1,268 @@
+//! Bulk prefetch, discard and advice over many managed ranges: ONE batched CUDA call for the
+//! set (the seed looped over a module's parameters one call each).
+//!
+//! Rules:
+//! - Ranges of one allocation are merged (overlaps and neighbours), so an allocation shared by
+//!   several views is counted, and moved, once. Each call returns the bytes it touched.
+//! - Prefetches are grouped by location into one `cudaMemPrefetchBatchAsync`; a set that merges
+//!   into a single range uses `cudaMemPrefetchAsync`.
+//! - Queued operations are ordered with every range's buffer (use tracking), so a prefetch runs
+//!   after earlier writes and before later reads, whatever stream those were on.
+//! - All ranges of a call come from CUDA pools, or all from host pools; mixing is an error.
+//!   The capability rules of [`ManagedBuffer`](super::ManagedBuffer) apply.
+
+use std::collections::BTreeMap;
+use std::os::raw::c_void;
+
+use super::location::{Advice, Location};
+use super::pool::{PoolInner, PoolKind};
+use crate::cuda::managed::{self as raw, Batch};
+use crate::error::{Error, Result};
+use crate::memory::tracker::UseTracker;
+use crate::stream::Stream;
+
+/// A byte range of one managed allocation, for the bulk functions. Made by
+/// [`ManagedBuffer::range`](super::ManagedBuffer::range) or
+/// [`ManagedBuffer::subrange`](super::ManagedBuffer::subrange).
+#[derive(Clone, Copy, Debug)]
+pub struct ManagedRange<'a> {
+    id: u64,
+    base: *mut u8,
+    start: usize,
+    end: usize,
+    pool: &'a PoolInner,
+    tracker: &'a UseTracker,
+}
+
+impl<'a> ManagedRange<'a> {
+    pub(crate) fn new(
+        id: u64,
+        base: *mut u8,
+        start: usize,
+        end: usize,
+        pool: &'a PoolInner,
+        tracker: &'a UseTracker,
+    ) -> Self {
+        ManagedRange { id, base, start, end, pool, tracker }
+    }
+
+    /// Bytes in the range.
+    pub fn bytes(&self) -> usize {
+        self.end - self.start
+    }
+}
+
+/// Whether the ranges live in CUDA pools (true) or host pools (false), after the checks.
+fn backend_of(ranges: &[ManagedRange<'_>], what: &str, location: Option<Location>) -> Result<bool> {
+    let cuda = ranges.iter().any(|r| r.pool.kind != PoolKind::Host);
+    if cuda && ranges.iter().any(|r| r.pool.kind == PoolKind::Host) {
+        return Err(Error::invalid(format!("{what}: host-pool and CUDA-pool ranges in one call")));
+    }
+    if !cuda {
+        if let Some(Location::Device(i)) = location {
+            return Err(Error::unsupported(format!("{what}: host-pool memory cannot move to cuda:{i}")));
+        }
+        return Ok(false);
+    }
+    if let Some(r) = ranges.iter().find(|r| !r.pool.caps.concurrent_managed_access) {
+        return Err(Error::unsupported(format!(
+            "{what} needs concurrentManagedAccess, which {} lacks",
+            r.pool.device
+        )));
+    }
+    Ok(true)
+}
+
+/// The byte spans requested of one allocation: (id, base address, [(start, end)]).
+type AllocationSpans = (u64, *mut u8, Vec<(usize, usize)>);
+
+/// Merged (address, bytes) per allocation, in first-seen order, and the total bytes.
+fn merge<'r>(ranges: impl Iterator<Item = &'r ManagedRange<'r>>) -> (Vec<(*mut u8, usize)>, usize) {
+    let mut by_alloc: Vec<AllocationSpans> = Vec::new();
+    for r in ranges {
+        match by_alloc.iter_mut().find(|(id, _, _)| *id == r.id) {
+            Some((_, _, spans)) => spans.push((r.start, r.end)),
+            None => by_alloc.push((r.id, r.base, vec![(r.start, r.end)])),
+        }
+    }
+    let mut out = Vec::new();
+    let mut total = 0;
+    for (_, base, mut spans) in by_alloc {
+        spans.sort_unstable();
+        let mut current: Option<(usize, usize)> = None;
+        for (s, e) in spans {
+            current = match current {
+                Some((cs, ce)) if s <= ce => Some((cs, ce.max(e))),
+                Some((cs, ce)) => {
+                    out.push((base.wrapping_add(cs), ce - cs));
+                    total += ce - cs;
+                    Some((s, e))
+                }
+                None => Some((s, e)),
+            };
+        }
+        if let Some((cs, ce)) = current {
+            out.push((base.wrapping_add(cs), ce - cs));
+            total += ce - cs;
+        }
+    }
+    (out, total)
+}
+
+/// One tracker per allocation.
+fn trackers<'a>(ranges: &[ManagedRange<'a>]) -> Vec<&'a UseTracker> {
+    let mut seen: Vec<(u64, &'a UseTracker)> = Vec::new();
+    for r in ranges {
+        if !seen.iter().any(|(id, _)| *id == r.id) {
+            seen.push((r.id, r.tracker));
+        }
+    }
+    seen.into_iter().map(|(_, t)| t).collect()
+}
+
+/// Prefetches every range to its own location in one batched call; returns the bytes.
+///
+/// # Errors
+///
+/// See the [module rules](self); CUDA errors of the batch.
+pub fn prefetch_each(items: &[(ManagedRange<'_>, Location)], stream: &Stream) -> Result<usize> {
+    prefetch_grouped(items, stream, false)
+}
+
+/// Prefetches every range to `location` in one batched call; returns the bytes.
+///
+/// # Examples
+///
+/// ```
+/// use cuferry::managed::{prefetch_all, Location, ManagedPool, ManagedPoolOptions};
+/// use cuferry::{Device, Stream};
+///
+/// let pool = ManagedPool::new(Device::Host, ManagedPoolOptions::default())?;
+/// let stream = Stream::new(Device::Host)?;
+/// let a = pool.alloc::<u8>(4096, &stream)?;
+/// let b = pool.alloc::<u8>(100, &stream)?;
+/// // A view of `a` inside a whole `a` is counted once.
+/// let bytes = prefetch_all(&[a.range(), a.subrange(0..10)?, b.range()], Location::Host, &stream)?;
+/// assert_eq!(bytes, 4196);
+/// # Ok::<(), cuferry::Error>(())
+/// ```
+///
+/// # Errors
+///
+/// See the [module rules](self); CUDA errors of the batch.
+pub fn prefetch_all(ranges: &[ManagedRange<'_>], location: Location, stream: &Stream) -> Result<usize> {
+    let items: Vec<(ManagedRange<'_>, Location)> = ranges.iter().map(|r| (*r, location)).collect();
+    prefetch_grouped(&items, stream, false)
+}
+
+/// Discards every range and prefetches it to `location` in one batched call.
+///
+/// # Safety
+///
+/// 1. The contents are indeterminate afterwards: write them before reading.
+///
+/// # Errors
+///
+/// As [`prefetch_all`].
+pub unsafe fn discard_and_prefetch_all(
+    ranges: &[ManagedRange<'_>],
+    location: Location,
+    stream: &Stream,
+) -> Result<usize> {
+    let items: Vec<(ManagedRange<'_>, Location)> = ranges.iter().map(|r| (*r, location)).collect();
+    prefetch_grouped(&items, stream, true)
+}
+
+fn prefetch_grouped(items: &[(ManagedRange<'_>, Location)], stream: &Stream, discard: bool) -> Result<usize> {
+    let what = if discard { "discard-and-prefetch" } else { "prefetch" };
+    let ranges: Vec<ManagedRange<'_>> = items.iter().map(|(r, _)| *r).collect();
+    let mut groups: BTreeMap<Location, Vec<&ManagedRange<'_>>> = BTreeMap::new();
+    for (r, l) in items {
+        groups.entry(*l).or_default().push(r);
+    }
+    let mut cuda = false;
+    for (location, group) in &groups {
+        let rs: Vec<ManagedRange<'_>> = group.iter().map(|r| **r).collect();
+        cuda |= backend_of(&rs, what, Some(*location))?;
+    }
+    let mut batch = Batch { ptrs: Vec::new(), sizes: Vec::new(), locations: Vec::new(), starts: Vec::new() };
+    let mut total = 0;
+    for (location, group) in &groups {
+        let (merged, bytes) = merge(group.iter().copied());
+        batch.starts.push(batch.ptrs.len());
+        batch.locations.push(location.raw()?);
+        for (p, n) in merged {
+            batch.ptrs.push(p.cast::<c_void>());
+            batch.sizes.push(n);
+        }
+        total += bytes;
+    }
+    if !cuda || batch.ptrs.is_empty() {
+        return Ok(total);
+    }
+    let raw_stream = stream.cuda_raw()?;
+    UseTracker::use_on(stream, &trackers(&ranges), || {
+        // SAFETY: every range is inside a live allocation whose tracker records this batch,
+        // so it is not freed before the stream has run it.
+        unsafe {
+            if batch.ptrs.len() == 1 && !discard {
+                raw::prefetch_async(batch.ptrs[0], batch.sizes[0], batch.locations[0], raw_stream)
+            } else {
+                raw::prefetch_batch_async(&mut batch, discard, raw_stream)
+            }
+        }
+    })?;
+    Ok(total)
+}
+
+/// Discards every range in one batched call; returns the bytes.
+///
+/// # Safety
+///
+/// 1. The contents are indeterminate afterwards: write them before reading.
+///
+/// # Errors
+///
+/// See the [module rules](self); CUDA errors of the batch.
+pub unsafe fn discard_all(ranges: &[ManagedRange<'_>], stream: &Stream) -> Result<usize> {
+    let cuda = backend_of(ranges, "discard", None)?;
+    let (merged, total) = merge(ranges.iter());
+    if !cuda || merged.is_empty() {
+        return Ok(total);
+    }
+    let mut batch = Batch {
+        ptrs: merged.iter().map(|(p, _)| p.cast::<c_void>()).collect(),
+        sizes: merged.iter().map(|(_, n)| *n).collect(),
+        locations: Vec::new(),
+        starts: Vec::new(),
+    };
+    let raw_stream = stream.cuda_raw()?;
+    UseTracker::use_on(stream, &trackers(ranges), || {
+        // SAFETY: as in `prefetch_grouped`.
+        unsafe { raw::discard_batch_async(&mut batch, raw_stream) }
+    })?;
+    Ok(total)
+}
+
+/// Gives `advice` for every range in one call; returns the bytes advised.
+///
+/// # Errors
+///
+/// See the [module rules](self); CUDA errors of `cudaMemAdvise`.
+pub fn advise_all(ranges: &[ManagedRange<'_>], advice: Advice) -> Result<usize> {
+    let cuda = backend_of(ranges, "advise", advice.location())?;
+    let (merged, total) = merge(ranges.iter());
+    if !cuda || merged.is_empty() {
+        return Ok(total);
+    }
+    let (value, location) = advice.raw()?;
+    let mut batch = Batch {
+        ptrs: merged.iter().map(|(p, _)| p.cast::<c_void>()).collect(),
+        sizes: merged.iter().map(|(_, n)| *n).collect(),
+        locations: Vec::new(),
+        starts: Vec::new(),
+    };
+    // SAFETY: every range is inside a live allocation (the borrows in `ranges`).
+    unsafe { raw::advise_ranges(&mut batch, value, location) }?;
+    Ok(total)
+}

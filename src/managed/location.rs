@@ -1,0 +1,91 @@
+//! Where managed pages should live, and the advice that can be given about them.
+//!
+//! Rules: a [`Location`] maps one-to-one to CUDA 13's `cudaMemLocation`; [`Advice`] to
+//! `cudaMemoryAdvise` with its location argument.
+
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::sys;
+
+/// A place for managed memory pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Location {
+    /// A CUDA device's memory.
+    Device(u32),
+    /// Host memory (any NUMA node).
+    Host,
+    /// Host memory on this NUMA node.
+    HostNuma(i32),
+    /// Host memory on the NUMA node closest to the calling thread.
+    HostNumaCurrent,
+}
+
+impl Location {
+    /// The location of a device's own memory: [`Location::Host`] for the host backend.
+    pub fn of(device: Device) -> Location {
+        match device {
+            Device::Host => Location::Host,
+            Device::Cuda(i) => Location::Device(i),
+        }
+    }
+
+    /// Whether the pages are in host memory.
+    pub fn is_host(self) -> bool {
+        !matches!(self, Location::Device(_))
+    }
+
+    pub(crate) fn raw(self) -> Result<sys::cuferry_location> {
+        let (type_, id) = match self {
+            Location::Device(i) => (
+                sys::CUFERRY_LOCATION_DEVICE,
+                i32::try_from(i).map_err(|_| Error::invalid(format!("device {i}")))?,
+            ),
+            Location::Host => (sys::CUFERRY_LOCATION_HOST, 0),
+            Location::HostNuma(n) => (sys::CUFERRY_LOCATION_HOST_NUMA, n),
+            Location::HostNumaCurrent => (sys::CUFERRY_LOCATION_HOST_NUMA_CURRENT, 0),
+        };
+        Ok(sys::cuferry_location { type_, id })
+    }
+}
+
+/// A hint about how managed memory will be used (`cudaMemAdvise`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Advice {
+    /// Mostly read: devices that read it get their own read-only copy.
+    SetReadMostly,
+    /// Undo [`Advice::SetReadMostly`].
+    UnsetReadMostly,
+    /// Keep the pages at this location when possible.
+    SetPreferredLocation(Location),
+    /// Undo [`Advice::SetPreferredLocation`].
+    UnsetPreferredLocation,
+    /// Map the pages for this device so it reads them without faults wherever they are.
+    SetAccessedBy(Location),
+    /// Undo [`Advice::SetAccessedBy`] for this device.
+    UnsetAccessedBy(Location),
+}
+
+impl Advice {
+    /// (cudaMemoryAdvise value, location argument).
+    pub(crate) fn raw(self) -> Result<(i32, sys::cuferry_location)> {
+        let none = sys::cuferry_location { type_: sys::CUFERRY_LOCATION_NONE, id: 0 };
+        Ok(match self {
+            Advice::SetReadMostly => (sys::CUFERRY_ADVISE_SET_READ_MOSTLY, none),
+            Advice::UnsetReadMostly => (sys::CUFERRY_ADVISE_UNSET_READ_MOSTLY, none),
+            Advice::SetPreferredLocation(l) => (sys::CUFERRY_ADVISE_SET_PREFERRED_LOCATION, l.raw()?),
+            Advice::UnsetPreferredLocation => (sys::CUFERRY_ADVISE_UNSET_PREFERRED_LOCATION, none),
+            Advice::SetAccessedBy(l) => (sys::CUFERRY_ADVISE_SET_ACCESSED_BY, l.raw()?),
+            Advice::UnsetAccessedBy(l) => (sys::CUFERRY_ADVISE_UNSET_ACCESSED_BY, l.raw()?),
+        })
+    }
+
+    /// The location the advice names, if any.
+    pub(crate) fn location(self) -> Option<Location> {
+        match self {
+            Advice::SetPreferredLocation(l) | Advice::SetAccessedBy(l) | Advice::UnsetAccessedBy(l) => {
+                Some(l)
+            }
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,28 @@
+//! Managed (unified) memory on CUDA 13 managed memory pools: stream-ordered allocation,
+//! prefetch, discard and advice, one buffer at a time or in bulk.
+//!
+//! The seed compiled a `cudaMallocManaged` allocator at run time and looped over a module's
+//! tensors one prefetch or advise call at a time. Here:
+//! - [`ManagedPool`] allocates from a managed memory pool (`cudaMallocFromPoolAsync`, ~1.4 us
+//!   per alloc+free against ~26.5 us for `cudaMallocManaged`+`cudaFree`, measured on an H100),
+//!   falling back to `cudaMallocManaged` only where the driver refuses managed pools.
+//! - [`ManagedBuffer`] frees in stream order after its last use and orders its uses like every
+//!   cuferry buffer.
+//! - [`prefetch_all`], [`advise_all`], [`discard_all`] and [`discard_and_prefetch_all`] make one
+//!   batched call for a set of buffers and count an allocation shared by several views once.
+//! - Capabilities are probed: without `concurrentManagedAccess`, prefetch and advice return
+//!   [`Error::Unsupported`](crate::Error::Unsupported) naming it; never a silent no-op.
+//! - The host backend's pool hands out host memory; prefetch to the host and advice are no-ops
+//!   there that still validate their ranges.
+
+mod buffer;
+mod bulk;
+mod location;
+mod pool;
+
+pub use buffer::ManagedBuffer;
+pub use bulk::{
+    advise_all, discard_all, discard_and_prefetch_all, prefetch_all, prefetch_each, ManagedRange,
+};
+pub use location::{Advice, Location};
+pub use pool::{ManagedCapabilities, ManagedPool, ManagedPoolOptions, PoolKind, PoolStats};

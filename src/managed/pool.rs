@@ -1,0 +1,303 @@
+//! `ManagedPool`: stream-ordered managed allocations from a CUDA 13 managed memory pool.
+//!
+//! Rules:
+//! - On CUDA the pool is a `cudaMemPoolCreate` pool with allocation type managed (preferred
+//!   location: the device, or none). Where the driver refuses managed pools (or reports no
+//!   memory-pool support) the pool falls back to `cudaMallocManaged`/`cudaFree`, once, and
+//!   [`ManagedPool::kind`] says which is in use. No managed memory at all is
+//!   [`Error::Unsupported`] naming `managedMemory`.
+//! - On the host backend the pool hands out ordinary page-aligned host memory.
+//! - The pool is `Send + Sync`; buffers keep it alive, so it may be dropped before them.
+//! - Statistics: reserved and used bytes, current and high-water (driver counters for CUDA
+//!   pools; cuferry's own counters for the fallback and the host).
+
+use std::alloc::{self, Layout};
+use std::os::raw::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::cuda::managed::{self as raw, RawPool};
+use crate::cuda::memory as raw_memory;
+use crate::cuda::stream::RawStream;
+use crate::device::Device;
+use crate::error::{record_drop_error, Error, Result};
+use crate::memory::allocation::HOST_ALIGN;
+
+/// `cudaErrorNotSupported`.
+const NOT_SUPPORTED: i32 = 801;
+/// `cudaErrorInvalidValue` (drivers without managed pools answer pool creation with it).
+const INVALID_VALUE: i32 = 1;
+
+/// How a [`ManagedPool`] is built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ManagedPoolOptions {
+    /// Make the device the pool's preferred location (false: no preferred location).
+    pub prefer_device: bool,
+    /// Most bytes the pool may reserve; 0 leaves the driver's default.
+    pub max_size: usize,
+    /// Bytes the pool keeps reserved across synchronizations (`u64::MAX`: keep everything,
+    /// the fastest for reuse).
+    pub release_threshold: u64,
+}
+
+impl Default for ManagedPoolOptions {
+    fn default() -> Self {
+        ManagedPoolOptions { prefer_device: true, max_size: 0, release_threshold: u64::MAX }
+    }
+}
+
+/// Which allocator a pool uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PoolKind {
+    /// Host backend: ordinary host memory.
+    Host,
+    /// A CUDA 13 managed memory pool (`cudaMallocFromPoolAsync` / `cudaFreeAsync`).
+    ManagedPool,
+    /// The fallback: `cudaMallocManaged` / `cudaFree` (the driver refused managed pools).
+    MallocManaged,
+}
+
+/// Byte counters of a pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Bytes reserved from the system now.
+    pub reserved_current: u64,
+    /// Most bytes ever reserved.
+    pub reserved_high: u64,
+    /// Bytes in live allocations now.
+    pub used_current: u64,
+    /// Most bytes ever in live allocations.
+    pub used_high: u64,
+}
+
+/// Managed-memory capabilities of a device (probed, never assumed).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ManagedCapabilities {
+    /// `cudaDevAttrManagedMemory`.
+    pub managed_memory: bool,
+    /// `cudaDevAttrConcurrentManagedAccess`: prefetch and advise need it.
+    pub concurrent_managed_access: bool,
+    /// `cudaDevAttrPageableMemoryAccess`.
+    pub pageable_memory_access: bool,
+    /// `cudaDevAttrMemoryPoolsSupported`.
+    pub memory_pools_supported: bool,
+}
+
+impl ManagedCapabilities {
+    /// Probes `device` (the host backend has none of the CUDA capabilities).
+    ///
+    /// # Errors
+    ///
+    /// As [`Device::properties`] for CUDA devices.
+    pub fn probe(device: Device) -> Result<Self> {
+        match device {
+            Device::Host => Ok(ManagedCapabilities::default()),
+            Device::Cuda(_) => {
+                let p = device.properties()?;
+                Ok(ManagedCapabilities {
+                    managed_memory: p.managed_memory,
+                    concurrent_managed_access: p.concurrent_managed_access,
+                    pageable_memory_access: p.pageable_memory_access,
+                    memory_pools_supported: p.memory_pools_supported,
+                })
+            }
+        }
+    }
+}
+
+/// What buffers share with their pool.
+#[derive(Debug)]
+pub(crate) struct PoolInner {
+    pub(crate) device: Device,
+    pub(crate) kind: PoolKind,
+    pub(crate) caps: ManagedCapabilities,
+    raw: Option<RawPool>,
+    used: AtomicU64,
+    used_high: AtomicU64,
+}
+
+impl PoolInner {
+    /// Allocates `bytes > 0` bytes; stream-ordered on `stream` for CUDA pools.
+    pub(crate) fn alloc_raw(&self, bytes: usize, stream: Option<RawStream>) -> Result<*mut u8> {
+        if bytes == 0 {
+            return Err(Error::invalid("a managed allocation of 0 bytes"));
+        }
+        let ptr = match (self.kind, self.raw, self.device) {
+            (PoolKind::ManagedPool, Some(pool), _) => {
+                let s =
+                    stream.ok_or_else(|| Error::invalid("a managed pool allocation needs a CUDA stream"))?;
+                raw::pool_alloc_async(pool, bytes, s)?.cast::<u8>()
+            }
+            (PoolKind::MallocManaged, _, Device::Cuda(i)) => raw::malloc_managed(i, bytes)?.cast::<u8>(),
+            _ => {
+                let layout = host_layout(bytes)?;
+                // SAFETY: the layout has a non-zero size.
+                let p = unsafe { alloc::alloc_zeroed(layout) };
+                if p.is_null() {
+                    return Err(Error::unsupported(format!(
+                        "host allocation of {bytes} bytes failed (out of memory)"
+                    )));
+                }
+                p
+            }
+        };
+        let now = self.used.fetch_add(bytes as u64, Ordering::AcqRel) + bytes as u64;
+        self.used_high.fetch_max(now, Ordering::AcqRel);
+        Ok(ptr)
+    }
+
+    /// Frees an allocation of `bytes` bytes.
+    ///
+    /// # Safety
+    ///
+    /// 1. `ptr` came from [`PoolInner::alloc_raw`] on this pool with `bytes`, and is freed once.
+    /// 2. For CUDA pools every use is queued on `stream` before this point or has finished;
+    ///    for the other kinds every use has finished.
+    pub(crate) unsafe fn free_raw(
+        &self,
+        ptr: *mut u8,
+        bytes: usize,
+        stream: Option<RawStream>,
+    ) -> Result<()> {
+        self.used.fetch_sub(bytes as u64, Ordering::AcqRel);
+        match (self.kind, self.device) {
+            (PoolKind::ManagedPool, _) => {
+                let s = stream.ok_or_else(|| Error::invalid("a managed pool free needs a CUDA stream"))?;
+                // SAFETY: preconditions 1 and 2.
+                unsafe { raw::free_async(ptr.cast::<c_void>(), s) }
+            }
+            // SAFETY: preconditions 1 and 2 (cudaFree serves cudaMallocManaged memory).
+            (PoolKind::MallocManaged, Device::Cuda(i)) => unsafe {
+                raw_memory::device_free(i, ptr.cast::<c_void>())
+            },
+            _ => {
+                let layout = host_layout(bytes)?;
+                // SAFETY: preconditions 1 and 2; the layout is the one used to allocate.
+                unsafe { alloc::dealloc(ptr, layout) };
+                Ok(())
+            }
+        }
+    }
+
+    fn stats(&self) -> Result<PoolStats> {
+        if let (PoolKind::ManagedPool, Some(pool)) = (self.kind, self.raw) {
+            let s = raw::pool_stats(pool)?;
+            return Ok(PoolStats {
+                reserved_current: s.reserved_current,
+                reserved_high: s.reserved_high,
+                used_current: s.used_current,
+                used_high: s.used_high,
+            });
+        }
+        let (used, high) = (self.used.load(Ordering::Acquire), self.used_high.load(Ordering::Acquire));
+        Ok(PoolStats { reserved_current: used, reserved_high: high, used_current: used, used_high: high })
+    }
+}
+
+fn host_layout(bytes: usize) -> Result<Layout> {
+    Layout::from_size_align(bytes, HOST_ALIGN).map_err(|e| Error::invalid(format!("{bytes} bytes: {e}")))
+}
+
+impl Drop for PoolInner {
+    fn drop(&mut self) {
+        if let Some(pool) = self.raw.take() {
+            // SAFETY: the last buffer is gone; CUDA releases the pool once frees queued on
+            // streams have run.
+            if let Err(e) = unsafe { raw::pool_destroy(pool) } {
+                record_drop_error(e);
+            }
+        }
+    }
+}
+
+/// A thread-safe pool of managed memory for one device. See the [module docs](self).
+///
+/// # Examples
+///
+/// ```
+/// use cuferry::managed::{ManagedPool, ManagedPoolOptions, PoolKind};
+/// use cuferry::{Device, Stream};
+///
+/// let pool = ManagedPool::new(Device::Host, ManagedPoolOptions::default())?;
+/// assert_eq!(pool.kind(), PoolKind::Host);
+/// let stream = Stream::new(Device::Host)?;
+/// let buf = pool.alloc::<f32>(1024, &stream)?;
+/// assert_eq!(pool.stats()?.used_current, 4096);
+/// drop(buf);
+/// assert_eq!(pool.stats()?.used_current, 0);
+/// # Ok::<(), cuferry::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct ManagedPool {
+    pub(crate) inner: Arc<PoolInner>,
+}
+
+impl ManagedPool {
+    /// A pool for `device`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] naming `managedMemory` when the device has no managed memory;
+    /// errors of probing the device or creating the pool.
+    pub fn new(device: Device, options: ManagedPoolOptions) -> Result<Self> {
+        let caps = ManagedCapabilities::probe(device)?;
+        let (kind, raw) = match device {
+            Device::Host => (PoolKind::Host, None),
+            Device::Cuda(i) => {
+                if !caps.managed_memory {
+                    return Err(Error::unsupported(format!("{device} lacks managedMemory")));
+                }
+                if !caps.memory_pools_supported {
+                    (PoolKind::MallocManaged, None)
+                } else {
+                    match raw::managed_pool_create(
+                        i,
+                        options.prefer_device,
+                        options.max_size,
+                        options.release_threshold,
+                    ) {
+                        Ok(pool) => (PoolKind::ManagedPool, Some(pool)),
+                        Err(Error::Cuda { code: NOT_SUPPORTED | INVALID_VALUE, .. }) => {
+                            (PoolKind::MallocManaged, None)
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        };
+        Ok(ManagedPool {
+            inner: Arc::new(PoolInner {
+                device,
+                kind,
+                caps,
+                raw,
+                used: AtomicU64::new(0),
+                used_high: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// The device the pool serves.
+    pub fn device(&self) -> Device {
+        self.inner.device
+    }
+
+    /// Which allocator is in use.
+    pub fn kind(&self) -> PoolKind {
+        self.inner.kind
+    }
+
+    /// The device's managed-memory capabilities, probed when the pool was made.
+    pub fn capabilities(&self) -> ManagedCapabilities {
+        self.inner.caps
+    }
+
+    /// Reserved and used bytes, current and high-water.
+    ///
+    /// # Errors
+    ///
+    /// CUDA errors of `cudaMemPoolGetAttribute`.
+    pub fn stats(&self) -> Result<PoolStats> {
+        self.inner.stats()
+    }
+}

@@ -1,0 +1,207 @@
+//! Managed memory: pool reuse and statistics, concurrent allocation from several threads and
+//! streams, bad arguments, bulk deduplication, and data through prefetches and kernels. Each
+//! check runs on the host backend and, when a GPU is present, on CUDA.
+
+mod common;
+
+use cuferry::kernels::{fill_pattern_u32, pattern_value, sum_u32};
+use cuferry::managed::{
+    advise_all, prefetch_all, prefetch_each, Advice, Location, ManagedPool, ManagedPoolOptions, PoolKind,
+};
+use cuferry::{copy, Device, DeviceBuffer, Error, Memory, Stream};
+
+fn pool(device: Device) -> ManagedPool {
+    ManagedPool::new(device, ManagedPoolOptions::default()).unwrap()
+}
+
+/// Allocations count in the stats; frees give the bytes back; the high-water mark stays.
+fn stats_and_reuse(device: Device) {
+    let pool = pool(device);
+    let stream = Stream::new(device).unwrap();
+    let before = pool.stats().unwrap();
+    let a = pool.alloc::<u64>(1 << 16, &stream).unwrap();
+    let b = pool.alloc::<u8>(12_345, &stream).unwrap();
+    let s = pool.stats().unwrap();
+    assert!(s.used_current >= before.used_current + (8 << 16) + 12_345, "{s:?}");
+    assert!(s.used_high >= s.used_current && s.reserved_current >= s.used_current, "{s:?}");
+    drop(a);
+    drop(b);
+    stream.synchronize().unwrap();
+    let after = pool.stats().unwrap();
+    assert_eq!(after.used_current, before.used_current, "{after:?}");
+    assert!(after.used_high >= s.used_current);
+    // Reuse: many allocations of the same size in a row come back zeroed every time.
+    for round in 0..20u32 {
+        let mut buf = pool.alloc::<u32>(4096, &stream).unwrap();
+        assert!(buf.as_slice().unwrap().iter().all(|&x| x == 0), "round {round}: not zeroed");
+        buf.as_mut_slice().unwrap().fill(round);
+    }
+}
+
+/// Several threads allocate, write, check and free at once, each on its own stream.
+fn concurrent_threads(device: Device) {
+    let pool = pool(device);
+    let handles: Vec<_> = (0..6u32)
+        .map(|t| {
+            let pool = pool.clone();
+            std::thread::spawn(move || {
+                let stream = Stream::new(device).unwrap();
+                for round in 0..25u32 {
+                    let n = 1000 + (t * 37 + round * 11) as usize;
+                    let mut buf = pool.alloc::<u32>(n, &stream).unwrap();
+                    fill_pattern_u32(&stream, &mut buf, t * 1000 + round).unwrap();
+                    let got = buf.as_slice().unwrap();
+                    assert!(got.iter().enumerate().all(|(i, &v)| v == pattern_value(t * 1000 + round, i)));
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert_eq!(pool.stats().unwrap().used_current, 0);
+}
+
+/// Bad arguments are typed errors.
+fn bad_arguments(device: Device) {
+    let pool = pool(device);
+    let stream = Stream::new(device).unwrap();
+    assert!(matches!(pool.alloc::<u8>(0, &stream), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(pool.alloc::<u64>(usize::MAX / 4, &stream), Err(Error::InvalidArgument { .. })));
+    let other = if device.is_host() { None } else { Some(Stream::new(Device::Host).unwrap()) };
+    if let Some(other) = other {
+        assert!(matches!(pool.alloc::<u8>(16, &other), Err(Error::InvalidArgument { .. })));
+    }
+    let buf = pool.alloc::<u16>(100, &stream).unwrap();
+    assert!(matches!(buf.subrange(50..101), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(buf.subrange(5..5), Err(Error::InvalidArgument { .. })));
+    if device.is_host() {
+        assert!(matches!(buf.prefetch(Location::Device(0), &stream), Err(Error::Unsupported { .. })));
+        assert!(matches!(buf.advise_preferred_location(Location::Device(0)), Err(Error::Unsupported { .. })));
+    }
+}
+
+/// Views of one allocation count once; distinct allocations add up; grouping by location works.
+fn bulk_dedup(device: Device) {
+    let pool = pool(device);
+    let stream = Stream::new(device).unwrap();
+    let a = pool.alloc::<u32>(1024, &stream).unwrap();
+    let b = pool.alloc::<u32>(256, &stream).unwrap();
+    let here = Location::of(device);
+    let n =
+        prefetch_all(&[a.range(), a.subrange(10..20).unwrap(), a.range(), b.range()], here, &stream).unwrap();
+    assert_eq!(n, 4096 + 1024);
+    let n = prefetch_all(
+        &[a.subrange(0..10).unwrap(), a.subrange(5..30).unwrap(), a.subrange(100..110).unwrap()],
+        here,
+        &stream,
+    )
+    .unwrap();
+    assert_eq!(n, 4 * 30 + 4 * 10, "overlapping views merge, disjoint ones add");
+    let n = prefetch_each(&[(a.range(), Location::Host), (b.range(), here)], &stream).unwrap();
+    assert_eq!(n, 4096 + 1024);
+    assert_eq!(
+        advise_all(&[a.range(), a.range(), b.subrange(0..1).unwrap()], Advice::SetReadMostly).unwrap(),
+        4096 + 4
+    );
+    assert_eq!(prefetch_all(&[], here, &stream).unwrap(), 0);
+}
+
+/// Host writes -> prefetch to the device -> a kernel reads the exact values; device writes ->
+/// prefetch to the host -> the host reads them; advice in between keeps the data.
+fn data_through_prefetch(device: Device) {
+    let pool = pool(device);
+    let stream = Stream::new(device).unwrap();
+    let n = 3 << 20;
+    let mut buf = pool.alloc::<u32>(n, &stream).unwrap();
+    let expected: u64 = {
+        let s = buf.as_mut_slice().unwrap();
+        for (i, v) in s.iter_mut().enumerate() {
+            *v = (i as u32).wrapping_mul(2_246_822_519) ^ 0x5bd1_e995;
+        }
+        s.iter().map(|&v| u64::from(v)).sum()
+    };
+    let here = Location::of(device);
+    assert_eq!(buf.prefetch(here, &stream).unwrap(), 4 * n);
+    assert_eq!(sum_u32(&stream, &buf).unwrap(), expected, "the device read other values");
+    fill_pattern_u32(&stream, &mut buf, 99).unwrap();
+    buf.prefetch(Location::Host, &stream).unwrap();
+    let got = buf.as_slice().unwrap();
+    assert!(got.iter().enumerate().all(|(i, &v)| v == pattern_value(99, i)), "the host read other values");
+    for advice in [
+        Advice::SetPreferredLocation(here),
+        Advice::SetAccessedBy(here),
+        Advice::SetReadMostly,
+        Advice::UnsetReadMostly,
+        Advice::UnsetAccessedBy(here),
+        Advice::UnsetPreferredLocation,
+    ] {
+        assert_eq!(buf.advise(advice).unwrap(), 4 * n, "{advice:?}");
+    }
+    assert_eq!(sum_u32(&stream, &buf).unwrap(), (0..n).map(|i| u64::from(pattern_value(99, i))).sum::<u64>());
+    // Copies to and from ordinary device memory.
+    let mut dev = DeviceBuffer::<u32>::zeroed(&stream, n).unwrap();
+    copy(&stream, &buf, &mut dev).unwrap();
+    let back = dev.to_vec(&stream).unwrap();
+    assert!(back.iter().enumerate().all(|(i, &v)| v == pattern_value(99, i)));
+    assert_eq!(buf.len(), n);
+}
+
+/// Many buffers prefetched in one batched call each way keep their data.
+fn bulk_round_trip(device: Device) {
+    let pool = pool(device);
+    let stream = Stream::new(device).unwrap();
+    let mut bufs: Vec<_> = (0..64).map(|i| pool.alloc::<u32>(1000 + i * 13, &stream).unwrap()).collect();
+    for (k, b) in bufs.iter_mut().enumerate() {
+        fill_pattern_u32(&stream, b, k as u32).unwrap();
+    }
+    let ranges: Vec<_> = bufs.iter().map(|b| b.range()).collect();
+    let total: usize = bufs.iter().map(|b| b.bytes()).sum();
+    assert_eq!(prefetch_all(&ranges, Location::Host, &stream).unwrap(), total);
+    assert_eq!(prefetch_all(&ranges, Location::of(device), &stream).unwrap(), total);
+    for (k, b) in bufs.iter().enumerate() {
+        let want: u64 = (0..b.len()).map(|i| u64::from(pattern_value(k as u32, i))).sum();
+        assert_eq!(sum_u32(&stream, b).unwrap(), want);
+    }
+}
+
+on_both_backends! {
+    stats_and_reuse => stats_and_reuse;
+    concurrent_threads => concurrent_threads;
+    bad_arguments => bad_arguments;
+    bulk_dedup => bulk_dedup;
+    data_through_prefetch => data_through_prefetch;
+    bulk_round_trip => bulk_round_trip;
+}
+
+#[test]
+fn host_pool_kind_and_memory_kind() {
+    let pool = pool(Device::Host);
+    assert_eq!(pool.kind(), PoolKind::Host);
+    let stream = Stream::new(Device::Host).unwrap();
+    let buf = pool.alloc::<u8>(8, &stream).unwrap();
+    assert!(buf.kind().host_accessible());
+}
+
+#[test]
+fn cuda_pool_uses_managed_pools_when_supported() {
+    let Some(device) = common::cuda_device() else { return };
+    let pool = pool(device);
+    let caps = pool.capabilities();
+    let expected = if caps.memory_pools_supported { PoolKind::ManagedPool } else { PoolKind::MallocManaged };
+    // A driver may still refuse managed pools; then the fallback is the only right answer.
+    assert!(pool.kind() == expected || pool.kind() == PoolKind::MallocManaged, "{:?} {caps:?}", pool.kind());
+    println!("managed pool kind on {device}: {:?}, {caps:?}", pool.kind());
+}
+
+#[test]
+fn absent_cuda_pool_is_a_typed_error() {
+    if Device::cuda_count() > 0 {
+        println!("SKIP: a CUDA device is present");
+        return;
+    }
+    match ManagedPool::new(Device::Cuda(0), ManagedPoolOptions::default()) {
+        Err(Error::NoDriver { .. } | Error::NoDevice { .. } | Error::Unsupported { .. }) => {}
+        other => panic!("expected an absence error, got {other:?}"),
+    }
+}
