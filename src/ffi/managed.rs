@@ -136,7 +136,7 @@ pub unsafe extern "C" fn cuferry_managed_malloc(
             .ok_or_else(|| Error::invalid(format!("size {size}")))?;
         let pool = pool_for(device)?;
         let s = (pool.kind() == PoolKind::ManagedPool).then(|| raw_stream(stream));
-        let ptr = pool.inner.alloc_raw(bytes, s)?;
+        let ptr = pool.inner.alloc_raw(bytes, s, false)?;
         allocations().insert(ptr as usize, (device, bytes));
         out = ptr.cast();
         Ok(())

@@ -56,9 +56,7 @@ impl ManagedPool {
     /// [`Error::InvalidArgument`] for `len == 0`, a size overflow or a stream of another
     /// device; allocation errors (out of memory, ...).
     pub fn alloc<T: Element>(&self, len: usize, stream: &Stream) -> Result<ManagedBuffer<T>> {
-        // SAFETY: the memset below (or the zeroed host allocation) initialises every byte
-        // before any use is queued.
-        let buf = unsafe { self.alloc_uninit::<T>(len, stream)? };
+        let buf = self.allocate::<T>(len, stream, true)?;
         if let PoolKind::ManagedPool | PoolKind::MallocManaged = self.inner.kind {
             let (ptr, bytes) = (buf.ptr, buf.bytes());
             UseTracker::use_on(stream, &[&buf.tracker], || {
@@ -80,6 +78,12 @@ impl ManagedPool {
     ///
     /// As [`ManagedPool::alloc`].
     pub unsafe fn alloc_uninit<T: Element>(&self, len: usize, stream: &Stream) -> Result<ManagedBuffer<T>> {
+        self.allocate(len, stream, false)
+    }
+
+    /// Allocates; host memory is zeroed when `zero_host` (CUDA memory is zeroed, if wanted, by
+    /// the caller's memset).
+    fn allocate<T: Element>(&self, len: usize, stream: &Stream, zero_host: bool) -> Result<ManagedBuffer<T>> {
         if stream.device() != self.inner.device {
             return Err(Error::invalid(format!(
                 "a pool of {} allocates on its own device's streams, not one of {}",
@@ -92,7 +96,7 @@ impl ManagedPool {
             PoolKind::ManagedPool => Some(stream.cuda_raw()?),
             _ => None,
         };
-        let ptr = self.inner.alloc_raw(bytes, raw_stream)?;
+        let ptr = self.inner.alloc_raw(bytes, raw_stream, zero_host)?;
         Ok(ManagedBuffer {
             pool: Arc::clone(&self.inner),
             ptr,

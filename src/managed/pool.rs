@@ -38,11 +38,19 @@ pub struct ManagedPoolOptions {
     /// Bytes the pool keeps reserved across synchronizations (`u64::MAX`: keep everything,
     /// the fastest for reuse).
     pub release_threshold: u64,
+    /// Use `cudaMallocManaged`/`cudaFree` even where managed pools work (to compare, or for
+    /// code that needs non-pool allocations).
+    pub use_malloc_managed: bool,
 }
 
 impl Default for ManagedPoolOptions {
     fn default() -> Self {
-        ManagedPoolOptions { prefer_device: true, max_size: 0, release_threshold: u64::MAX }
+        ManagedPoolOptions {
+            prefer_device: true,
+            max_size: 0,
+            release_threshold: u64::MAX,
+            use_malloc_managed: false,
+        }
     }
 }
 
@@ -117,8 +125,14 @@ pub(crate) struct PoolInner {
 }
 
 impl PoolInner {
-    /// Allocates `bytes > 0` bytes; stream-ordered on `stream` for CUDA pools.
-    pub(crate) fn alloc_raw(&self, bytes: usize, stream: Option<RawStream>) -> Result<*mut u8> {
+    /// Allocates `bytes > 0` bytes; stream-ordered on `stream` for CUDA pools. Host memory is
+    /// zeroed when `zero_host` (CUDA memory never is here).
+    pub(crate) fn alloc_raw(
+        &self,
+        bytes: usize,
+        stream: Option<RawStream>,
+        zero_host: bool,
+    ) -> Result<*mut u8> {
         if bytes == 0 {
             return Err(Error::invalid("a managed allocation of 0 bytes"));
         }
@@ -132,7 +146,13 @@ impl PoolInner {
             _ => {
                 let layout = host_layout(bytes)?;
                 // SAFETY: the layout has a non-zero size.
-                let p = unsafe { alloc::alloc_zeroed(layout) };
+                let p = unsafe {
+                    if zero_host {
+                        alloc::alloc_zeroed(layout)
+                    } else {
+                        alloc::alloc(layout)
+                    }
+                };
                 if p.is_null() {
                     return Err(Error::unsupported(format!(
                         "host allocation of {bytes} bytes failed (out of memory)"
@@ -247,7 +267,7 @@ impl ManagedPool {
                 if !caps.managed_memory {
                     return Err(Error::unsupported(format!("{device} lacks managedMemory")));
                 }
-                if !caps.memory_pools_supported {
+                if !caps.memory_pools_supported || options.use_malloc_managed {
                     (PoolKind::MallocManaged, None)
                 } else {
                     match raw::managed_pool_create(

@@ -7,6 +7,7 @@
 //!   figures are reported with the device named.
 //! - Without a GPU the same sections run on the host backend, against memcpy.
 
+mod managed;
 mod measure;
 mod plot;
 mod report;
@@ -23,6 +24,8 @@ use cuferry::Device;
 pub enum Section {
     /// The slot ring: pinned and pageable sources, slot sizes, depths, fill threads.
     Ring,
+    /// Managed memory: pool allocation, prefetch, bulk, migration, advice.
+    Managed,
 }
 
 /// Options of `cuferry bench`.
@@ -66,7 +69,8 @@ pub fn run(args: &BenchArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let sections = if args.section.is_empty() { vec![Section::Ring] } else { args.section.clone() };
+    let sections =
+        if args.section.is_empty() { vec![Section::Ring, Section::Managed] } else { args.section.clone() };
     let device_name = match device {
         Device::Host => {
             format!("host backend ({} threads)", std::thread::available_parallelism().map_or(1, |n| n.get()))
@@ -81,6 +85,7 @@ pub fn run(args: &BenchArgs) -> ExitCode {
     for section in sections {
         let result = match section {
             Section::Ring => ring::run(device, args.quick),
+            Section::Managed => managed::run(device, args.quick),
         };
         match result {
             Ok(mut r) => rows.append(&mut r),

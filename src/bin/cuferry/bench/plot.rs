@@ -15,17 +15,17 @@ pub fn draw(path: &Path, title: &str, rows: &[Row]) -> Result<(), String> {
         series
             .entry(format!("{} {} {}", r.section, r.case, r.params))
             .or_default()
-            .push((r.bytes as f64, r.gbps));
+            .push((r.bytes as f64, r.value));
     }
     let mut ceilings: BTreeMap<String, f64> = BTreeMap::new();
-    for r in rows {
+    for r in rows.iter().filter(|r| r.unit == "GB/s") {
         if let Some((name, v)) = &r.ceiling {
             ceilings.insert(name.clone(), *v);
         }
     }
     let (min_x, max_x) =
         rows.iter().fold((f64::MAX, 1.0f64), |(lo, hi), r| (lo.min(r.bytes as f64), hi.max(r.bytes as f64)));
-    let max_y = rows.iter().map(|r| r.gbps).chain(ceilings.values().copied()).fold(1.0f64, f64::max) * 1.1;
+    let max_y = rows.iter().map(|r| r.value).chain(ceilings.values().copied()).fold(1.0f64, f64::max) * 1.1;
     let root = SVGBackend::new(path, (1200, 800)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| e.to_string())?;
     let mut chart = ChartBuilder::on(&root)

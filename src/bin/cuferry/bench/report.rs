@@ -16,8 +16,11 @@ pub struct Row {
     pub bytes: usize,
     /// Parameters, e.g. "depth 4, 8 threads".
     pub params: String,
-    /// Payload throughput in GB/s (1e9 bytes per second).
-    pub gbps: f64,
+    /// The figure: GB/s (1e9 bytes per second), or microseconds per operation when
+    /// `unit` is "us".
+    pub value: f64,
+    /// "GB/s" (higher is better) or "us" (lower is better).
+    pub unit: &'static str,
     /// The ceiling this is a ratio of: (name, GB/s).
     pub ceiling: Option<(String, f64)>,
     /// The baseline a user would otherwise use: (name, GB/s).
@@ -33,24 +36,30 @@ fn size(bytes: usize) -> String {
     }
 }
 
-fn ratio(gbps: f64, of: &Option<(String, f64)>) -> String {
-    of.as_ref().map_or_else(String::new, |(name, v)| format!("{:.2}x {name} ({v:.1})", gbps / v))
+fn ratio(r: &Row, of: &Option<(String, f64)>) -> String {
+    of.as_ref().map_or_else(String::new, |(name, v)| {
+        if r.unit == "us" {
+            format!("{:.1}x faster than {name} ({v:.2} us)", v / r.value)
+        } else {
+            format!("{:.2}x {name} ({v:.1})", r.value / v)
+        }
+    })
 }
 
 /// The rows as a terminal table.
 pub fn table(rows: &[Row]) -> Table {
     let mut t = Table::new();
     t.load_preset(UTF8_FULL_CONDENSED);
-    t.set_header(["section", "case", "size", "params", "GB/s", "vs ceiling (GB/s)", "vs baseline (GB/s)"]);
+    t.set_header(["section", "case", "size", "params", "value", "vs ceiling", "vs baseline"]);
     for r in rows {
         t.add_row([
             r.section.to_string(),
             r.case.clone(),
             size(r.bytes),
             r.params.clone(),
-            format!("{:.2}", r.gbps),
-            ratio(r.gbps, &r.ceiling),
-            ratio(r.gbps, &r.baseline),
+            format!("{:.2} {}", r.value, r.unit),
+            ratio(r, &r.ceiling),
+            ratio(r, &r.baseline),
         ]);
     }
     t

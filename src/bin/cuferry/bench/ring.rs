@@ -157,7 +157,8 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
                 case: "pinned source".into(),
                 bytes: slot,
                 params: format!("depth {depth}"),
-                gbps: gbps(items * slot, secs),
+                value: gbps(items * slot, secs),
+                unit: "GB/s",
                 ceiling: Some((link_name.into(), link)),
                 baseline: None,
             });
@@ -170,7 +171,8 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
                     case: "pageable source".into(),
                     bytes: slot,
                     params: format!("depth {depth}, {threads} fill threads"),
-                    gbps: gbps(items * slot, secs),
+                    value: gbps(items * slot, secs),
+                    unit: "GB/s",
                     ceiling: Some((fill_ceiling_name.clone(), fill_ceiling)),
                     baseline: Some(("direct pageable copy".into(), direct)),
                 });
