@@ -96,8 +96,18 @@ impl<T: Element> DeviceBuffer<T> {
     /// [`Error::InvalidArgument`] when the lengths differ; errors of [`crate::copy`].
     pub fn copy_from_slice(&mut self, stream: &Stream, data: &[T]) -> Result<()> {
         check_len(data.len(), self.len)?;
+        self.copy_from_slice_at(stream, 0, data)
+    }
+
+    /// Copies `data` (ordinary host memory) into the buffer from element `offset` on, through
+    /// `stream`; returns once the copy has finished.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when the range is out of bounds; errors of [`crate::copy`].
+    pub fn copy_from_slice_at(&mut self, stream: &Stream, offset: usize, data: &[T]) -> Result<()> {
         let src = PageableSlice::new(data);
-        copy_range(stream, &src, 0, self, 0, data.len())?;
+        copy_range(stream, &src, 0, self, offset, data.len())?;
         src.wait()
     }
 
@@ -109,8 +119,19 @@ impl<T: Element> DeviceBuffer<T> {
     /// [`Error::InvalidArgument`] when the lengths differ; errors of [`crate::copy`].
     pub fn copy_to_slice(&self, stream: &Stream, out: &mut [T]) -> Result<()> {
         check_len(self.len, out.len())?;
+        self.copy_to_slice_at(stream, 0, out)
+    }
+
+    /// Copies `out.len()` elements from element `offset` on into `out` (ordinary host memory)
+    /// through `stream`; returns once the copy has finished.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when the range is out of bounds; errors of [`crate::copy`].
+    pub fn copy_to_slice_at(&self, stream: &Stream, offset: usize, out: &mut [T]) -> Result<()> {
+        let len = out.len();
         let mut dst = PageableSlice::new_mut(out);
-        copy_range(stream, self, 0, &mut dst, 0, self.len)?;
+        copy_range(stream, self, offset, &mut dst, 0, len)?;
         dst.wait()
     }
 

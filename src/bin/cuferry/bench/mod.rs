@@ -7,6 +7,7 @@
 //!   figures are reported with the device named.
 //! - Without a GPU the same sections run on the host backend, against memcpy.
 
+mod copies;
 mod managed;
 mod measure;
 mod plot;
@@ -22,6 +23,8 @@ use cuferry::Device;
 /// Which parts to measure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Section {
+    /// Copies against size: H2D/D2H pinned and pageable, D2D, peer, small-copy latency.
+    Copy,
     /// The slot ring: pinned and pageable sources, slot sizes, depths, fill threads.
     Ring,
     /// Managed memory: pool allocation, prefetch, bulk, migration, advice.
@@ -69,8 +72,11 @@ pub fn run(args: &BenchArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let sections =
-        if args.section.is_empty() { vec![Section::Ring, Section::Managed] } else { args.section.clone() };
+    let sections = if args.section.is_empty() {
+        vec![Section::Copy, Section::Ring, Section::Managed]
+    } else {
+        args.section.clone()
+    };
     let device_name = match device {
         Device::Host => {
             format!("host backend ({} threads)", std::thread::available_parallelism().map_or(1, |n| n.get()))
@@ -84,6 +90,7 @@ pub fn run(args: &BenchArgs) -> ExitCode {
     let mut failed = false;
     for section in sections {
         let result = match section {
+            Section::Copy => copies::run(device, args.quick),
             Section::Ring => ring::run(device, args.quick),
             Section::Managed => managed::run(device, args.quick),
         };

@@ -1,0 +1,108 @@
+//! The copy section, like nvbandwidth: bandwidth against size for H2D and D2H (pinned and
+//! pageable sources), D2D and peer (the same device when there is only one), with the latency
+//! of small copies. Each figure is taken to completion (the buffer's wait); ratios are to the
+//! largest pinned copy of the same direction in the same run.
+
+use cuferry::{copy_range, Device, DeviceBuffer, PinnedBuffer, Result, Stream};
+
+use super::measure::{gbps, median_secs};
+use super::report::Row;
+
+const KIB: usize = 1 << 10;
+const MIB: usize = 1 << 20;
+
+fn sizes(quick: bool) -> Vec<usize> {
+    if quick {
+        vec![4 * KIB, 64 * KIB, MIB, 16 * MIB, 64 * MIB]
+    } else {
+        vec![4 * KIB, 64 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB, 1 << 30]
+    }
+}
+
+fn repeats(bytes: usize) -> usize {
+    if bytes <= MIB {
+        50
+    } else if bytes <= 64 * MIB {
+        10
+    } else {
+        3
+    }
+}
+
+/// Runs the section and returns its rows.
+pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
+    let stream = Stream::new(device)?;
+    let peer = match device {
+        Device::Cuda(i) if Device::cuda_count() > 1 => Device::Cuda((i + 1) % Device::cuda_count()),
+        other => other,
+    };
+    let peer_stream = Stream::new(peer)?;
+    let mut rows = Vec::new();
+    let sizes = sizes(quick);
+    let largest = *sizes.last().unwrap_or(&MIB);
+    let mut pinned = PinnedBuffer::<u8>::zeroed(device, largest)?;
+    let mut pageable = vec![1u8; largest];
+    let mut dev = DeviceBuffer::<u8>::zeroed(&stream, largest)?;
+    let mut dev2 = DeviceBuffer::<u8>::zeroed(&stream, largest)?;
+    let mut far = DeviceBuffer::<u8>::zeroed(&peer_stream, largest)?;
+    let mut results: Vec<(&'static str, usize, f64)> = Vec::new();
+    for &bytes in &sizes {
+        let n = repeats(bytes);
+        let s = median_secs(n, || {
+            copy_range(&stream, &pinned, 0, &mut dev, 0, bytes)?;
+            dev.synchronize()
+        })?;
+        results.push(("H2D pinned", bytes, s));
+        let s = median_secs(n, || dev.copy_from_slice_at(&stream, 0, &pageable[..bytes]))?;
+        results.push(("H2D pageable", bytes, s));
+        let s = median_secs(n, || {
+            copy_range(&stream, &dev, 0, &mut pinned, 0, bytes)?;
+            pinned.synchronize()
+        })?;
+        results.push(("D2H pinned", bytes, s));
+        let s = median_secs(n, || dev.copy_to_slice_at(&stream, 0, &mut pageable[..bytes]))?;
+        results.push(("D2H pageable", bytes, s));
+        let s = median_secs(n, || {
+            copy_range(&stream, &dev, 0, &mut dev2, 0, bytes)?;
+            dev2.synchronize()
+        })?;
+        results.push(("D2D", bytes, s));
+        let s = median_secs(n, || {
+            copy_range(&stream, &dev, 0, &mut far, 0, bytes)?;
+            far.synchronize()
+        })?;
+        results.push(("peer", bytes, s));
+    }
+    let ceiling = |case: &str| -> Option<(String, f64)> {
+        let base = if case.starts_with("H2D") {
+            "H2D pinned"
+        } else if case.starts_with("D2H") {
+            "D2H pinned"
+        } else {
+            return None;
+        };
+        results
+            .iter()
+            .find(|(c, b, _)| *c == base && *b == largest)
+            .map(|(_, b, s)| (format!("{base} {} MiB", b >> 20), gbps(*b, *s)))
+    };
+    for (case, bytes, secs) in &results {
+        let params = if *case == "peer" { format!("{device} -> {peer}") } else { String::new() };
+        let mut row = Row {
+            section: "copy",
+            case: (*case).into(),
+            bytes: *bytes,
+            params,
+            value: gbps(*bytes, *secs),
+            unit: "GB/s",
+            ceiling: ceiling(case),
+            baseline: None,
+        };
+        if *bytes <= 64 * KIB {
+            let sep = if row.params.is_empty() { "" } else { ", " };
+            row.params = format!("{}{sep}latency {:.1} us", row.params, secs * 1e6);
+        }
+        rows.push(row);
+    }
+    Ok(rows)
+}
