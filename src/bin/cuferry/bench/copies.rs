@@ -1,11 +1,12 @@
 //! The copy section, like nvbandwidth: bandwidth against size for H2D and D2H (pinned and
 //! pageable sources), D2D and peer (the same device when there is only one), with the latency
-//! of small copies. Each figure is taken to completion (the buffer's wait); ratios are to the
-//! largest pinned copy of the same direction in the same run.
+//! of small copies. Asynchronous copies are timed with timing events on the stream; the
+//! pageable ones (synchronous by nature) by wall clock to completion. Ratios are to the largest
+//! pinned copy of the same direction in the same run.
 
 use cuferry::{copy_range, Device, DeviceBuffer, PinnedBuffer, Result, Stream};
 
-use super::measure::{gbps, median_secs};
+use super::measure::{gbps, median_device_secs, median_secs};
 use super::report::Row;
 
 const KIB: usize = 1 << 10;
@@ -48,29 +49,21 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
     let mut results: Vec<(&'static str, usize, f64)> = Vec::new();
     for &bytes in &sizes {
         let n = repeats(bytes);
-        let s = median_secs(n, || {
-            copy_range(&stream, &pinned, 0, &mut dev, 0, bytes)?;
-            dev.synchronize()
-        })?;
+        let s =
+            median_device_secs(&stream, n, || copy_range(&stream, &pinned, 0, &mut dev, 0, bytes).map(drop))?;
         results.push(("H2D pinned", bytes, s));
         let s = median_secs(n, || dev.copy_from_slice_at(&stream, 0, &pageable[..bytes]))?;
         results.push(("H2D pageable", bytes, s));
-        let s = median_secs(n, || {
-            copy_range(&stream, &dev, 0, &mut pinned, 0, bytes)?;
-            pinned.synchronize()
-        })?;
+        let s =
+            median_device_secs(&stream, n, || copy_range(&stream, &dev, 0, &mut pinned, 0, bytes).map(drop))?;
         results.push(("D2H pinned", bytes, s));
         let s = median_secs(n, || dev.copy_to_slice_at(&stream, 0, &mut pageable[..bytes]))?;
         results.push(("D2H pageable", bytes, s));
-        let s = median_secs(n, || {
-            copy_range(&stream, &dev, 0, &mut dev2, 0, bytes)?;
-            dev2.synchronize()
-        })?;
+        let s =
+            median_device_secs(&stream, n, || copy_range(&stream, &dev, 0, &mut dev2, 0, bytes).map(drop))?;
         results.push(("D2D", bytes, s));
-        let s = median_secs(n, || {
-            copy_range(&stream, &dev, 0, &mut far, 0, bytes)?;
-            far.synchronize()
-        })?;
+        let s =
+            median_device_secs(&stream, n, || copy_range(&stream, &dev, 0, &mut far, 0, bytes).map(drop))?;
         results.push(("peer", bytes, s));
     }
     let ceiling = |case: &str| -> Option<(String, f64)> {
