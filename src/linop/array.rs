@@ -1,0 +1,323 @@
+//! `Array<T>`: an n-d view of a device buffer, placed on a [`DeviceSpec`].
+//!
+//! Rules:
+//! - An array is immutable once made: operators write fresh buffers and never change their
+//!   input. `Clone` and [`Array::slice`] / [`Array::permute`] share the buffer (no copy).
+//! - Layout: an element offset, a shape and element strides (row-major by default). Views
+//!   may be non-contiguous; [`Array::contiguous`] makes a row-major copy.
+//! - Placement: an array remembers the [`DeviceSpec`] it lives on. Operators compute on the
+//!   device of their input, on that spec's compute stream, and return an array with the same
+//!   spec; only [`ToDevice`](super::ToDevice) changes it. Several specs may name the same
+//!   device (e.g. several "host devices", each with its own streams).
+//! - Everything is queued asynchronously; only [`Array::from_slice`] (until the data has been
+//!   read) and [`Array::to_vec`] block. Ordering between operations on a buffer comes from the
+//!   buffer's use tracking (see [`crate::memory`]), so any stream may consume an array.
+//!
+//! # Examples
+//!
+//! ```
+//! use cuferry::linop::Array;
+//! use cuferry::{Device, DeviceSpec};
+//!
+//! let spec = DeviceSpec::new(Device::Host)?;
+//! let a = Array::from_slice(&spec, &[2, 3], &[0.0f64, 1.0, 2.0, 3.0, 4.0, 5.0])?;
+//! assert_eq!(a.slice(1, 1..3)?.to_vec()?, vec![1.0, 2.0, 4.0, 5.0]);
+//! assert_eq!(a.permute(&[1, 0])?.to_vec()?, vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
+//! # Ok::<(), cuferry::Error>(())
+//! ```
+
+use std::any::Any;
+use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+
+use super::compute;
+use super::field::Field;
+use super::layout::{extent, row_major};
+use crate::copy::copy_range;
+use crate::device::{Device, DeviceSpec};
+use crate::error::{Error, Result};
+use crate::memory::pageable::PageableSlice;
+use crate::memory::DeviceBuffer;
+
+/// Something an array keeps alive with its buffer (a staging buffer of a transfer).
+pub(crate) type KeepAlive = Arc<dyn Any + Send + Sync>;
+
+/// An n-d array on a device: a shared buffer plus offset, shape and strides.
+#[derive(Clone)]
+pub struct Array<T: Field> {
+    /// The memory; shared by views.
+    buf: Arc<DeviceBuffer<T>>,
+    /// Element offset of index (0, ..., 0).
+    offset: usize,
+    /// Size of each axis.
+    shape: Vec<usize>,
+    /// Element stride of each axis.
+    strides: Vec<usize>,
+    /// Where the array lives and which stream computes on it.
+    spec: DeviceSpec,
+    /// Kept alive until the array and its views are gone (transfer staging).
+    keep: Option<KeepAlive>,
+}
+
+impl<T: Field> fmt::Debug for Array<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Array")
+            .field("type", &T::NAME)
+            .field("device", &self.spec.device)
+            .field("shape", &self.shape)
+            .field("strides", &self.strides)
+            .field("offset", &self.offset)
+            .finish()
+    }
+}
+
+impl<T: Field> Array<T> {
+    /// A row-major array with a copy of `data` on `spec`'s device (copied through its compute
+    /// stream; returns once `data` has been read).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when `data.len()` is not the product of `shape`; errors of
+    /// [`DeviceBuffer::from_slice`].
+    pub fn from_slice(spec: &DeviceSpec, shape: &[usize], data: &[T]) -> Result<Self> {
+        let n = numel(shape)?;
+        if n != data.len() {
+            return Err(Error::invalid(format!("shape {shape:?} needs {n} elements, got {}", data.len())));
+        }
+        let buf = DeviceBuffer::from_slice(&spec.compute_stream, data)?;
+        Ok(Self::from_parts(spec.clone(), Arc::new(buf), 0, shape.to_vec(), row_major(shape)))
+    }
+
+    /// A row-major array of zeros on `spec`'s device.
+    ///
+    /// # Errors
+    ///
+    /// Errors of [`DeviceBuffer::zeroed`].
+    pub fn zeros(spec: &DeviceSpec, shape: &[usize]) -> Result<Self> {
+        let buf = DeviceBuffer::zeroed(&spec.compute_stream, numel(shape)?)?;
+        Ok(Self::from_parts(spec.clone(), Arc::new(buf), 0, shape.to_vec(), row_major(shape)))
+    }
+
+    /// An array over an existing buffer with the given layout.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when the buffer is on another device than `spec`, the shape
+    /// and strides differ in length, or the view reaches past the buffer.
+    pub fn from_buffer(
+        spec: &DeviceSpec,
+        buf: Arc<DeviceBuffer<T>>,
+        offset: usize,
+        shape: &[usize],
+        strides: &[usize],
+    ) -> Result<Self> {
+        if buf.device() != spec.device {
+            return Err(Error::invalid(format!(
+                "a buffer on {} cannot be an array on {}",
+                buf.device(),
+                spec.device
+            )));
+        }
+        if shape.len() != strides.len() {
+            return Err(Error::invalid(format!("shape {shape:?} and strides {strides:?} differ in length")));
+        }
+        let fits = numel(shape)? == 0 || extent(offset, shape, strides).is_some_and(|end| end <= buf.len());
+        if !fits {
+            return Err(Error::invalid(format!(
+                "a view at offset {offset} with shape {shape:?} and strides {strides:?} reaches past a buffer of {} elements",
+                buf.len()
+            )));
+        }
+        Ok(Self::from_parts(spec.clone(), buf, offset, shape.to_vec(), strides.to_vec()))
+    }
+
+    pub(crate) fn from_parts(
+        spec: DeviceSpec,
+        buf: Arc<DeviceBuffer<T>>,
+        offset: usize,
+        shape: Vec<usize>,
+        strides: Vec<usize>,
+    ) -> Self {
+        Array { buf, offset, shape, strides, spec, keep: None }
+    }
+
+    /// A row-major array over a whole fresh buffer.
+    pub(crate) fn from_owned(spec: &DeviceSpec, buf: DeviceBuffer<T>, shape: &[usize]) -> Self {
+        Self::from_parts(spec.clone(), Arc::new(buf), 0, shape.to_vec(), row_major(shape))
+    }
+
+    pub(crate) fn with_keep(mut self, keep: KeepAlive) -> Self {
+        self.keep = Some(keep);
+        self
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The element strides.
+    pub fn strides(&self) -> &[usize] {
+        &self.strides
+    }
+
+    /// The element offset of the first element in the buffer.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Number of axes.
+    pub fn ndim(&self) -> usize {
+        self.shape.len()
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Whether the array has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The device the array lives on.
+    pub fn device(&self) -> Device {
+        self.spec.device
+    }
+
+    /// The spec (device and streams) the array lives on.
+    pub fn spec(&self) -> &DeviceSpec {
+        &self.spec
+    }
+
+    /// The underlying buffer (shared by views).
+    pub fn buffer(&self) -> &Arc<DeviceBuffer<T>> {
+        &self.buf
+    }
+
+    /// Whether the view is row-major contiguous (axes of size 1 may have any stride).
+    pub fn is_contiguous(&self) -> bool {
+        let mut expected = 1usize;
+        for (&n, &s) in self.shape.iter().zip(&self.strides).rev() {
+            if n != 1 && s != expected {
+                return false;
+            }
+            expected *= n;
+        }
+        true
+    }
+
+    /// The same data labelled with another spec of the same device (no copy): later work on
+    /// it is queued on `spec`'s compute stream.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when `spec` names another device.
+    pub fn with_spec(&self, spec: &DeviceSpec) -> Result<Self> {
+        if spec.device != self.spec.device {
+            return Err(Error::invalid(format!(
+                "with_spec keeps the device: the array is on {}, the spec on {}",
+                self.spec.device, spec.device
+            )));
+        }
+        let mut out = self.clone();
+        out.spec = spec.clone();
+        Ok(out)
+    }
+
+    /// A view of `range` along `axis` (no copy).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for an axis or range out of bounds.
+    pub fn slice(&self, axis: usize, range: Range<usize>) -> Result<Self> {
+        let Some(&n) = self.shape.get(axis) else {
+            return Err(Error::invalid(format!("axis {axis} of a {}-d array", self.ndim())));
+        };
+        if range.start > range.end || range.end > n {
+            return Err(Error::invalid(format!("range {range:?} along axis {axis} of size {n}")));
+        }
+        let mut out = self.clone();
+        if range.start < range.end {
+            out.offset += range.start * self.strides[axis];
+        }
+        out.shape[axis] = range.end - range.start;
+        Ok(out)
+    }
+
+    /// A view with the axes reordered: axis `k` of the result is axis `axes[k]` of `self`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when `axes` is not a permutation of `0..ndim`.
+    pub fn permute(&self, axes: &[usize]) -> Result<Self> {
+        let mut seen = vec![false; self.ndim()];
+        for &a in axes {
+            match seen.get_mut(a) {
+                Some(s) if !*s => *s = true,
+                _ => {
+                    return Err(Error::invalid(format!(
+                        "{axes:?} is not a permutation of {} axes",
+                        self.ndim()
+                    )))
+                }
+            }
+        }
+        if axes.len() != self.ndim() {
+            return Err(Error::invalid(format!("{axes:?} is not a permutation of {} axes", self.ndim())));
+        }
+        let mut out = self.clone();
+        out.shape = axes.iter().map(|&a| self.shape[a]).collect();
+        out.strides = axes.iter().map(|&a| self.strides[a]).collect();
+        Ok(out)
+    }
+
+    /// A row-major copy (or `self` when already contiguous), queued on the compute stream.
+    ///
+    /// # Errors
+    ///
+    /// Errors of the copy.
+    pub fn contiguous(&self) -> Result<Self> {
+        if self.is_contiguous() {
+            return Ok(self.clone());
+        }
+        compute::contiguous(self)
+    }
+
+    /// The elements in row-major order, read back through the compute stream; blocks until
+    /// they are here.
+    ///
+    /// # Errors
+    ///
+    /// Errors of the copies.
+    pub fn to_vec(&self) -> Result<Vec<T>> {
+        let a = self.contiguous()?;
+        let n = a.len();
+        let mut out = vec![T::zero(); n];
+        if n > 0 {
+            let mut dst = PageableSlice::new_mut(&mut out);
+            copy_range(&a.spec.compute_stream, &*a.buf, a.offset, &mut dst, 0, n)?;
+            dst.wait()?;
+        }
+        Ok(out)
+    }
+
+    /// Blocks until every operation queued on the array's buffer has finished.
+    ///
+    /// # Errors
+    ///
+    /// As [`DeviceBuffer::synchronize`].
+    pub fn synchronize(&self) -> Result<()> {
+        self.buf.synchronize()
+    }
+}
+
+/// The product of `shape`, or an error on overflow.
+pub(crate) fn numel(shape: &[usize]) -> Result<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |acc, &n| acc.checked_mul(n))
+        .ok_or_else(|| Error::invalid(format!("shape {shape:?} overflows")))
+}

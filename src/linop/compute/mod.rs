@@ -1,0 +1,262 @@
+//! Kernel dispatch: the one place that decides how each array operation runs on each device.
+//!
+//! Rules:
+//! - Operators never touch memory themselves; they call the functions here, which pick the
+//!   backend from the input's device ([`backend`]) and queue the work on the input's compute
+//!   stream. The output lives on the input's spec.
+//! - [`Device::Host`]: kernels in [`host`], one job on the stream per call.
+//! - [`Device::Cuda`]: no linop kernels are written yet. Arithmetic returns
+//!   [`Error::Unsupported`] with [`NO_CUDA_KERNELS`]; pure data movement (making a strided view
+//!   contiguous) runs as real copies. Adding a CUDA backend means adding a `Backend::Cuda` arm
+//!   to the functions below, nothing else.
+
+pub(crate) mod host;
+
+use super::array::Array;
+use super::dims::Dims;
+use super::field::Field;
+use super::layout::{row_major, walk};
+use crate::copy::copy_range;
+use crate::device::{Device, DeviceSpec};
+use crate::error::{Error, Result};
+use crate::memory::DeviceBuffer;
+use host::{Contraction, View};
+
+/// What [`Error::Unsupported`] says for arithmetic on CUDA arrays.
+pub const NO_CUDA_KERNELS: &str = "linop compute on CUDA devices: kernels not written yet";
+
+/// The backends that can run linop arithmetic.
+enum Backend {
+    /// Jobs on host streams.
+    Host,
+}
+
+/// The backend for arithmetic on `device`.
+fn backend(device: Device) -> Result<Backend> {
+    match device {
+        Device::Host => Ok(Backend::Host),
+        Device::Cuda(_) => Err(Error::unsupported(NO_CUDA_KERNELS)),
+    }
+}
+
+fn view<T: Field>(a: &Array<T>) -> View {
+    View { offset: a.offset(), shape: a.shape().to_vec(), strides: a.strides().to_vec() }
+}
+
+fn contiguous_view(shape: &[usize]) -> View {
+    View { offset: 0, shape: shape.to_vec(), strides: row_major(shape) }
+}
+
+/// A fresh zeroed row-major buffer for an output of `shape` on `spec`.
+fn output<T: Field>(spec: &DeviceSpec, shape: &[usize]) -> Result<DeviceBuffer<T>> {
+    DeviceBuffer::zeroed(&spec.compute_stream, super::array::numel(shape)?)
+}
+
+/// A row-major copy of `x` on its spec.
+pub(crate) fn contiguous<T: Field>(x: &Array<T>) -> Result<Array<T>> {
+    let spec = x.spec();
+    match x.device() {
+        Device::Host => {
+            let mut out = output::<T>(spec, x.shape())?;
+            host::copy_view(&spec.compute_stream, x.buffer(), view(x), &mut out, contiguous_view(x.shape()))?;
+            Ok(Array::from_owned(spec, out, x.shape()))
+        }
+        Device::Cuda(_) => {
+            // Data movement only: one device-to-device copy per contiguous run.
+            // SAFETY: every element is written by the copies below (the runs cover the whole
+            // row-major output), and later uses are ordered after them by the buffer's tracker.
+            let mut out = unsafe { DeviceBuffer::<T>::uninit(x.device(), x.len())? };
+            let dst = row_major(x.shape());
+            let (shape, strides) = (x.shape().to_vec(), x.strides().to_vec());
+            let mut result = Ok(());
+            walk(&shape, [&strides, &dst], [x.offset(), 0], |[so, d_o], n, [ss, ds]| {
+                if result.is_err() {
+                    return;
+                }
+                if ss == 1 && ds == 1 {
+                    result =
+                        copy_range(&spec.compute_stream, &**x.buffer(), so, &mut out, d_o, n).map(|_| ());
+                } else {
+                    for i in 0..n {
+                        let r = copy_range(
+                            &spec.compute_stream,
+                            &**x.buffer(),
+                            so + i * ss,
+                            &mut out,
+                            d_o + i * ds,
+                            1,
+                        );
+                        if let Err(e) = r {
+                            result = Err(e);
+                            return;
+                        }
+                    }
+                }
+            });
+            result?;
+            Ok(Array::from_owned(spec, out, x.shape()))
+        }
+    }
+}
+
+/// `alpha * x`.
+pub(crate) fn scale<T: Field>(x: &Array<T>, alpha: T) -> Result<Array<T>> {
+    match backend(x.device())? {
+        Backend::Host => {
+            let spec = x.spec();
+            let mut out = output::<T>(spec, x.shape())?;
+            host::scale_view(
+                &spec.compute_stream,
+                alpha,
+                x.buffer(),
+                view(x),
+                &mut out,
+                contiguous_view(x.shape()),
+            )?;
+            Ok(Array::from_owned(spec, out, x.shape()))
+        }
+    }
+}
+
+/// The sum of `terms` (same shapes, same device), on the first term's spec.
+pub(crate) fn sum<T: Field>(terms: &[Array<T>]) -> Result<Array<T>> {
+    let Some(first) = terms.first() else {
+        return Err(Error::invalid("a sum of no arrays"));
+    };
+    for t in terms {
+        if t.shape() != first.shape() || t.device() != first.device() {
+            return Err(Error::invalid(format!(
+                "cannot add an array of shape {:?} on {} to one of shape {:?} on {}",
+                t.shape(),
+                t.device(),
+                first.shape(),
+                first.device()
+            )));
+        }
+    }
+    if terms.len() == 1 {
+        return Ok(first.clone());
+    }
+    match backend(first.device())? {
+        Backend::Host => {
+            let spec = first.spec();
+            let mut out = output::<T>(spec, first.shape())?;
+            for t in terms {
+                host::add_view(
+                    &spec.compute_stream,
+                    t.buffer(),
+                    view(t),
+                    &mut out,
+                    contiguous_view(t.shape()),
+                )?;
+            }
+            Ok(Array::from_owned(spec, out, first.shape()))
+        }
+    }
+}
+
+/// The arrays joined along `axis` (same device, equal other axes), on the first one's spec.
+pub(crate) fn concat<T: Field>(parts: &[Array<T>], axis: usize) -> Result<Array<T>> {
+    let Some(first) = parts.first() else {
+        return Err(Error::invalid("a concatenation of no arrays"));
+    };
+    if axis >= first.ndim() {
+        return Err(Error::invalid(format!("concatenation along axis {axis} of {}-d arrays", first.ndim())));
+    }
+    let mut shape = first.shape().to_vec();
+    shape[axis] = 0;
+    for p in parts {
+        let same_rest = p.ndim() == first.ndim()
+            && p.shape().iter().zip(first.shape()).enumerate().all(|(k, (a, b))| k == axis || a == b);
+        if !same_rest || p.device() != first.device() {
+            return Err(Error::invalid(format!(
+                "cannot join an array of shape {:?} on {} with one of shape {:?} on {} along axis {axis}",
+                p.shape(),
+                p.device(),
+                first.shape(),
+                first.device()
+            )));
+        }
+        shape[axis] += p.shape()[axis];
+    }
+    if parts.len() == 1 {
+        return Ok(first.clone());
+    }
+    match backend(first.device())? {
+        Backend::Host => {
+            let spec = first.spec();
+            let mut out = output::<T>(spec, &shape)?;
+            let strides = row_major(&shape);
+            let mut start = 0;
+            for p in parts {
+                let dst = View {
+                    offset: start * strides[axis],
+                    shape: p.shape().to_vec(),
+                    strides: strides.clone(),
+                };
+                host::copy_view(&spec.compute_stream, p.buffer(), view(p), &mut out, dst)?;
+                start += p.shape()[axis];
+            }
+            Ok(Array::from_owned(spec, out, &shape))
+        }
+    }
+}
+
+/// An einsum `out[odims] = sum over the rest of w'[wdims] * x[xdims]` (`w'` = `w` or its
+/// conjugate), on `x`'s spec. Sizes are taken as consistent (checked by the operator).
+pub(crate) fn einsum<T: Field>(
+    x: &Array<T>,
+    xdims: &[String],
+    w: &Array<T>,
+    wdims: &[String],
+    conj: bool,
+    odims: &Dims,
+) -> Result<Array<T>> {
+    if w.device() != x.device() {
+        return Err(Error::invalid(format!(
+            "the operator's parameters are on {} but its input is on {}; place the operator with place_on",
+            w.device(),
+            x.device()
+        )));
+    }
+    match backend(x.device())? {
+        Backend::Host => {
+            // Loop order: dims without a weight first, then the weight's dims in its own order,
+            // so the innermost loop walks the weight's last (contiguous) axis.
+            let mut order: Vec<&str> = Vec::new();
+            for n in odims.names().iter().chain(xdims) {
+                if !wdims.contains(n) && !order.contains(&n.as_str()) {
+                    order.push(n);
+                }
+            }
+            order.extend(wdims.iter().map(String::as_str));
+            let out_strides_own = row_major(odims.sizes());
+            let pick = |names: &[String], shape: &[usize], strides: &[usize], d: &str| {
+                names.iter().position(|n| n == d).map(|k| (shape[k], strides[k]))
+            };
+            let mut c = Contraction {
+                shape: Vec::with_capacity(order.len()),
+                out_strides: Vec::with_capacity(order.len()),
+                x_strides: Vec::with_capacity(order.len()),
+                w_strides: Vec::with_capacity(order.len()),
+                x_offset: x.offset(),
+                w_offset: w.offset(),
+                conj,
+            };
+            for d in &order {
+                let o = pick(odims.names(), odims.sizes(), &out_strides_own, d);
+                let xi = pick(xdims, x.shape(), x.strides(), d);
+                let wi = pick(wdims, w.shape(), w.strides(), d);
+                let size = o.or(xi).or(wi).map(|p| p.0).unwrap_or(1);
+                c.shape.push(size);
+                c.out_strides.push(o.map_or(0, |p| p.1));
+                c.x_strides.push(xi.map_or(0, |p| p.1));
+                c.w_strides.push(wi.map_or(0, |p| p.1));
+            }
+            let spec = x.spec();
+            let mut out = output::<T>(spec, odims.sizes())?;
+            host::contract(&spec.compute_stream, c, x.buffer(), w.buffer(), &mut out)?;
+            Ok(Array::from_owned(spec, out, odims.sizes()))
+        }
+    }
+}

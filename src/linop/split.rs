@@ -1,0 +1,143 @@
+//! [`split_linop`]: an operator cut into an n-d grid of tiles.
+//!
+//! Rules:
+//! - Each `(dim, b)` pair cuts `dim` (size `n`) into `[0,b), [b,2b), ...`, the last tile
+//!   ragged; a dim of size 0 is one empty tile. Dims not listed are one whole tile.
+//! - The grid's axes follow the order of the pairs; tiles are listed in row-major order.
+//! - Each tile is the operator split along every listed dim ([`Linop::split`]), with the
+//!   ranges of its input and output (whole axes for dims not split or not present).
+//! - A batch size of 0, a repeated dim or a dim the operator does not know is an error.
+//! - Splitting along one dim may leave a tile without another, internal, dim (a block of a
+//!   `Concat` that lacks it); such a tile is whole in the first tile along that dim and
+//!   [`Zero`](super::Zero) in the others, so the tiles still sum to the operator.
+//!
+//! # Examples
+//!
+//! ```
+//! use cuferry::linop::{split_linop, Dims, Identity, LinopRef};
+//! use std::sync::Arc;
+//!
+//! let op: LinopRef<f64> = Arc::new(Identity::new(Dims::new(&[("x", 5), ("y", 2)])?));
+//! let grid = split_linop(op.as_ref(), &[("x", 2)])?;
+//! assert_eq!(grid.shape, vec![3]);
+//! let ranges: Vec<_> = grid.tiles.iter().map(|t| t.islices[0].clone()).collect();
+//! assert_eq!(ranges, vec![0..2, 2..4, 4..5]);
+//! assert_eq!(grid.tiles[2].islices[1], 0..2);
+//! # Ok::<(), cuferry::Error>(())
+//! ```
+
+use std::ops::Range;
+
+use super::dims::{unknown_dim, Dims};
+use super::field::Field;
+use super::identity::once_in_first_tile;
+use super::op::{Linop, LinopRef};
+use crate::error::{Error, Result};
+
+/// One tile of a [`SplitGrid`].
+#[derive(Clone, Debug)]
+pub struct Tile<T: Field> {
+    /// The tile's position in the grid.
+    pub index: Vec<usize>,
+    /// The operator restricted to the tile.
+    pub linop: LinopRef<T>,
+    /// The range of each input axis the tile reads.
+    pub islices: Vec<Range<usize>>,
+    /// The range of each output axis the tile writes (or adds to).
+    pub oslices: Vec<Range<usize>>,
+}
+
+/// An operator cut into tiles. See the [module docs](self).
+#[derive(Clone, Debug)]
+pub struct SplitGrid<T: Field> {
+    /// The split dims, one per grid axis.
+    pub dims: Vec<String>,
+    /// Number of tiles along each grid axis.
+    pub shape: Vec<usize>,
+    /// The tiles in row-major order of their index.
+    pub tiles: Vec<Tile<T>>,
+}
+
+impl<T: Field> SplitGrid<T> {
+    /// The tile at `index`.
+    pub fn tile(&self, index: &[usize]) -> Option<&Tile<T>> {
+        if index.len() != self.shape.len() || index.iter().zip(&self.shape).any(|(i, n)| i >= n) {
+            return None;
+        }
+        let flat = index.iter().zip(&self.shape).fold(0, |acc, (i, n)| acc * n + i);
+        self.tiles.get(flat)
+    }
+}
+
+/// The tiles of a dim of `size` with batch size `batch`: `[0,b), [b,2b), ...`, ragged last.
+pub fn tile_ranges(size: usize, batch: usize) -> Vec<Range<usize>> {
+    if size == 0 || batch == 0 {
+        return std::iter::once(0..0).collect();
+    }
+    (0..size).step_by(batch).map(|s| s..(s + batch).min(size)).collect()
+}
+
+/// Cuts `op` into tiles. See the [module docs](self).
+///
+/// # Errors
+///
+/// [`Error::InvalidArgument`] for a batch size of 0, a dim listed twice or unknown to `op`;
+/// errors of [`Linop::split`] (splits the operator's structure cannot express exactly).
+pub fn split_linop<T: Field, S: AsRef<str>>(
+    op: &dyn Linop<T>,
+    batch_sizes: &[(S, usize)],
+) -> Result<SplitGrid<T>> {
+    let mut dims: Vec<String> = Vec::new();
+    let mut ranges: Vec<Vec<Range<usize>>> = Vec::new();
+    for (d, b) in batch_sizes {
+        let d = d.as_ref();
+        if *b == 0 {
+            return Err(Error::invalid(format!("batch size 0 for dim {d:?}")));
+        }
+        if dims.iter().any(|x| x == d) {
+            return Err(Error::invalid(format!("dim {d:?} is batched twice")));
+        }
+        let size = op.dim_size(d).ok_or_else(|| unknown_dim(op.name(), d))?;
+        dims.push(d.to_owned());
+        ranges.push(tile_ranges(size, *b));
+    }
+    let shape: Vec<usize> = ranges.iter().map(Vec::len).collect();
+    let count: usize = shape.iter().product();
+    let mut tiles = Vec::with_capacity(count);
+    let mut index = vec![0usize; shape.len()];
+    for _ in 0..count {
+        let mut linop = op.clone_ref();
+        for (axis, d) in dims.iter().enumerate() {
+            let range = ranges[axis][index[axis]].clone();
+            linop = match linop.dim_size(d) {
+                Some(_) => linop.split(d, range)?,
+                // An internal dim of a part this tile no longer holds: the tile counts once.
+                None => once_in_first_tile(&linop, &range),
+            };
+        }
+        let slices = |side: &Dims| -> Vec<Range<usize>> {
+            side.names()
+                .iter()
+                .zip(side.sizes())
+                .map(|(n, &s)| match dims.iter().position(|d| d == n) {
+                    Some(axis) => ranges[axis][index[axis]].clone(),
+                    None => 0..s,
+                })
+                .collect()
+        };
+        tiles.push(Tile {
+            index: index.clone(),
+            islices: slices(op.idims()),
+            oslices: slices(op.odims()),
+            linop,
+        });
+        for axis in (0..shape.len()).rev() {
+            index[axis] += 1;
+            if index[axis] < shape[axis] {
+                break;
+            }
+            index[axis] = 0;
+        }
+    }
+    Ok(SplitGrid { dims, shape, tiles })
+}

@@ -1,0 +1,124 @@
+//! [`ToDevice`]: moving data between placements as a linear operator.
+//!
+//! Rules:
+//! - Forward copies an array from `ispec`'s device to `ospec`'s; the result lives on `ospec`
+//!   (later operators compute on its compute stream). The input must be on `ispec`'s device.
+//! - The adjoint is the reverse transfer; the normal is the identity (a round trip is
+//!   lossless). Splitting restricts the dims (the operator is diagonal in every dim).
+//! - Transfers are asynchronous and pipelined on the pair's transfer stream; see
+//!   [`transfer_stream`](super::transfer_stream) for the stream choice and the ordering. The
+//!   stream is resolved on first use and kept by the operator (and its clones and splits).
+//! - Works between any devices: host and host (two host "devices" are two specs), host and
+//!   CUDA, CUDA and CUDA.
+//!
+//! # Examples
+//!
+//! ```
+//! use cuferry::linop::{Array, Dims, Linop, ToDevice};
+//! use cuferry::{Device, DeviceSpec};
+//!
+//! let (a, b) = (DeviceSpec::new(Device::Host)?, DeviceSpec::new(Device::Host)?);
+//! let t = ToDevice::new(a.clone(), b.clone(), Dims::new(&[("x", 3)])?);
+//! let x = Array::from_slice(&a, &[3], &[1.0f32, 2.0, 3.0])?;
+//! let y = t.apply(&x)?;
+//! assert_eq!(y.spec().compute_stream.id(), b.compute_stream.id());
+//! assert_eq!(y.to_vec()?, vec![1.0, 2.0, 3.0]);
+//! # Ok::<(), cuferry::Error>(())
+//! ```
+
+use std::fmt;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+use super::array::Array;
+use super::dims::Dims;
+use super::field::Field;
+use super::identity::Identity;
+use super::op::{check_input, check_split, restrict, Linop, LinopRef};
+use super::transfer::{transfer_on, transfer_stream};
+use crate::device::DeviceSpec;
+use crate::error::{Error, Result};
+use crate::stream::Stream;
+
+/// A transfer from `ispec` to `ospec` over `dims`. See the [module docs](self).
+#[derive(Clone)]
+pub struct ToDevice {
+    ispec: DeviceSpec,
+    ospec: DeviceSpec,
+    dims: Dims,
+    /// The pair's transfer stream, resolved on first use; shared by clones and splits.
+    stream: Arc<Mutex<Option<Arc<Stream>>>>,
+}
+
+impl fmt::Debug for ToDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ToDevice")
+            .field("from", &self.ispec.device)
+            .field("to", &self.ospec.device)
+            .field("dims", &self.dims)
+            .finish()
+    }
+}
+
+impl ToDevice {
+    /// A transfer of arrays with `dims` from `ispec` to `ospec`.
+    pub fn new(ispec: DeviceSpec, ospec: DeviceSpec, dims: Dims) -> Self {
+        ToDevice { ispec, ospec, dims, stream: Arc::default() }
+    }
+
+    /// The source placement.
+    pub fn ispec(&self) -> &DeviceSpec {
+        &self.ispec
+    }
+
+    /// The target placement.
+    pub fn ospec(&self) -> &DeviceSpec {
+        &self.ospec
+    }
+
+    fn stream(&self) -> Result<Arc<Stream>> {
+        let mut slot = self.stream.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = slot.as_ref() {
+            return Ok(Arc::clone(s));
+        }
+        let s = transfer_stream(&self.ispec, &self.ospec)?;
+        *slot = Some(Arc::clone(&s));
+        Ok(s)
+    }
+}
+
+impl<T: Field> Linop<T> for ToDevice {
+    fn name(&self) -> &'static str {
+        "ToDevice"
+    }
+    fn idims(&self) -> &Dims {
+        &self.dims
+    }
+    fn odims(&self) -> &Dims {
+        &self.dims
+    }
+    fn apply(&self, x: &Array<T>) -> Result<Array<T>> {
+        check_input::<T>(self, x)?;
+        if x.device() != self.ispec.device {
+            return Err(Error::invalid(format!(
+                "ToDevice from {} got an array on {}",
+                self.ispec.device,
+                x.device()
+            )));
+        }
+        transfer_on(x, &self.ospec, &*self.stream()?)
+    }
+    fn adjoint(&self) -> LinopRef<T> {
+        Arc::new(ToDevice::new(self.ospec.clone(), self.ispec.clone(), self.dims.clone()))
+    }
+    fn normal(&self) -> LinopRef<T> {
+        Arc::new(Identity::new(self.dims.clone()))
+    }
+    fn split(&self, dim: &str, range: Range<usize>) -> Result<LinopRef<T>> {
+        check_split::<T>(self, dim, &range)?;
+        Ok(Arc::new(ToDevice { dims: restrict(&self.dims, dim, &range), ..self.clone() }))
+    }
+    fn place_on(&self, _spec: &DeviceSpec) -> Result<LinopRef<T>> {
+        Ok(Arc::new(self.clone()))
+    }
+}

@@ -1,0 +1,152 @@
+//! Moving arrays between placements: the transfer-stream registry and the copy protocol that
+//! [`ToDevice`](super::ToDevice) and [`Linop::place_on`](super::Linop::place_on) use.
+//!
+//! Rules:
+//! - A transfer from spec `a` to spec `b` runs on a *transfer stream*: `b`'s
+//!   `transfer_stream`, else `a`'s, when that stream can do the copy; otherwise the stream
+//!   registered for the pair `(a, b)`. The registry is global and keeps one stream per pair
+//!   (a placement is a device plus its compute stream, so several host "devices" get
+//!   separate streams), reused while any operator holds it; a pair nobody uses any more is
+//!   forgotten, so its worker goes away. Inbound and outbound copies of a device are two pairs
+//!   and never queue behind each other.
+//! - Ordering is by events, never by blocking the caller: the copy waits for the event the
+//!   source buffer recorded after the work that produced it (on the source's compute stream,
+//!   or wherever it was produced), and every later use of the result (on the target's compute
+//!   stream or elsewhere) waits for the event recorded after the copy. These are the buffers'
+//!   use trackers (see [`crate::memory`]). Whole-stream waits would be weaker: they would
+//!   order each tile's inbound copy after the previous tile's outbound copy and serialise a
+//!   batched operator.
+//! - Host to host (several host devices): one memcpy job on the transfer stream. CUDA to CUDA:
+//!   a device or peer copy on the source's stream; peer access is enabled once per pair when
+//!   [`can_access_peer`] allows it, otherwise the driver stages the copy. Host and CUDA:
+//!   through a pinned staging buffer (host memory -> pinned -> device, or back), both steps on
+//!   the CUDA side's stream; the staging buffer lives as long as the result.
+//!
+//! # Examples
+//!
+//! ```
+//! use cuferry::linop::{transfer_stream, Array};
+//! use cuferry::{Device, DeviceSpec};
+//!
+//! let (a, b) = (DeviceSpec::new(Device::Host)?, DeviceSpec::new(Device::Host)?);
+//! let s1 = transfer_stream(&a, &b)?;
+//! let s2 = transfer_stream(&a, &b)?;
+//! assert_eq!(s1.id(), s2.id()); // one stream per pair, reused
+//! assert_ne!(transfer_stream(&b, &a)?.id(), s1.id()); // the reverse pair has its own
+//! # Ok::<(), cuferry::Error>(())
+//! ```
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use super::array::Array;
+use super::field::Field;
+use crate::copy::{copy, copy_range};
+use crate::device::{can_access_peer, enable_peer_access, Device, DeviceSpec};
+use crate::error::Result;
+use crate::memory::{DeviceBuffer, PinnedBuffer};
+use crate::stream::Stream;
+
+/// A placement: a device and the id of its compute stream.
+type Placement = (Device, u64);
+
+/// One transfer stream per (source, target) placement pair, held weakly.
+type Registry = Mutex<HashMap<(Placement, Placement), Weak<Stream>>>;
+
+/// The global registry.
+fn registry() -> &'static Registry {
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    REGISTRY.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Whether a stream on `stream` can copy from `src` memory to `dst` memory.
+fn can_run(stream: Device, src: Device, dst: Device) -> bool {
+    match stream {
+        Device::Host => src.is_host() && dst.is_host(),
+        Device::Cuda(_) => src == stream || dst == stream,
+    }
+}
+
+/// The device whose stream runs a copy from `src` to `dst`: the CUDA side (the source for
+/// CUDA to CUDA), or the host for host to host.
+fn stream_device(src: Device, dst: Device) -> Device {
+    match (src, dst) {
+        (Device::Cuda(_), _) => src,
+        (Device::Host, other) => other,
+    }
+}
+
+/// The transfer stream for copies from `ispec` to `ospec` (see the [module docs](self)).
+///
+/// # Errors
+///
+/// Errors of [`Stream::new`] for a new stream; CUDA errors of enabling peer access.
+pub fn transfer_stream(ispec: &DeviceSpec, ospec: &DeviceSpec) -> Result<Arc<Stream>> {
+    let (src, dst) = (ispec.device, ospec.device);
+    for s in [&ospec.transfer_stream, &ispec.transfer_stream].into_iter().flatten() {
+        if can_run(s.device(), src, dst) {
+            return Ok(Arc::new(s.clone()));
+        }
+    }
+    let key = ((src, ispec.compute_stream.id()), (dst, ospec.compute_stream.id()));
+    let mut map = registry().lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(stream) = map.get(&key).and_then(Weak::upgrade) {
+        return Ok(stream);
+    }
+    if let (Device::Cuda(a), Device::Cuda(b)) = (src, dst) {
+        if a != b {
+            for (x, y) in [(src, dst), (dst, src)] {
+                if can_access_peer(x, y)? {
+                    enable_peer_access(x, y)?;
+                }
+            }
+        }
+    }
+    let stream = Arc::new(Stream::new(stream_device(src, dst))?);
+    map.retain(|_, w| w.strong_count() > 0);
+    map.insert(key, Arc::downgrade(&stream));
+    Ok(stream)
+}
+
+/// `x` copied to `ospec` on the registry's stream for `(x.spec(), ospec)`.
+pub(crate) fn transfer<T: Field>(x: &Array<T>, ospec: &DeviceSpec) -> Result<Array<T>> {
+    let stream = transfer_stream(x.spec(), ospec)?;
+    transfer_on(x, ospec, &stream)
+}
+
+/// `x` copied to `ospec` on `stream` (which must be able to run the copy). Returns at once;
+/// the copy is ordered by the buffers' trackers.
+pub(crate) fn transfer_on<T: Field>(x: &Array<T>, ospec: &DeviceSpec, stream: &Stream) -> Result<Array<T>> {
+    let src = x.contiguous()?;
+    let n = src.len();
+    // SAFETY: every element is written by the copies below before anyone can read it: later
+    // uses of the buffer, on any stream, are ordered after the last copy by its tracker.
+    let mut out = unsafe { DeviceBuffer::<T>::uninit(ospec.device, n)? };
+    if n == 0 {
+        return Ok(Array::from_owned(ospec, out, src.shape()));
+    }
+    let buf = &**src.buffer();
+    let staged = match (src.device(), ospec.device) {
+        (Device::Host, Device::Cuda(_)) => {
+            let mut stage = PinnedBuffer::<T>::zeroed(ospec.device, n)?;
+            copy_range(stream, buf, src.offset(), &mut stage, 0, n)?;
+            copy(stream, &stage, &mut out)?;
+            Some(stage)
+        }
+        (Device::Cuda(_), Device::Host) => {
+            let mut stage = PinnedBuffer::<T>::zeroed(src.device(), n)?;
+            copy_range(stream, buf, src.offset(), &mut stage, 0, n)?;
+            copy(stream, &stage, &mut out)?;
+            Some(stage)
+        }
+        _ => {
+            copy_range(stream, buf, src.offset(), &mut out, 0, n)?;
+            None
+        }
+    };
+    let array = Array::from_owned(ospec, out, src.shape());
+    Ok(match staged {
+        Some(stage) => array.with_keep(Arc::new(stage)),
+        None => array,
+    })
+}

@@ -1,0 +1,425 @@
+//! Linear operators: each operator against a scalar loop written here, the dot test for every
+//! operator and for composed ones (f64 and Complex<f64>), ToDevice between host "devices"
+//! (and CUDA when present), and the errors for bad graphs.
+
+#[path = "linop_common.rs"]
+mod util;
+
+use std::sync::Arc;
+
+use cuferry::linop::{
+    dim_role, Add, Array, Chain, Concat, Dense, Diagonal, DimRole, Dims, Field, Identity, Linop, LinopRef,
+    Scalar, ToDevice, NO_CUDA_KERNELS,
+};
+use cuferry::{Device, DeviceSpec, Error};
+use num_complex::Complex;
+use util::{assert_close, dot_test, random_array, random_vec, Rng};
+
+type C64 = Complex<f64>;
+
+fn host() -> DeviceSpec {
+    DeviceSpec::new(Device::Host).unwrap()
+}
+
+fn dims(d: &[(&str, usize)]) -> Dims {
+    Dims::new(d).unwrap()
+}
+
+/// `y[b,o] = sum_i W[o,i] x[b,i]` against a triple loop; the adjoint against its own loop.
+fn dense_matches_triple_loop<T: Field>(seed: u64) {
+    let mut rng = Rng::new(seed);
+    let spec = host();
+    let (nb, ni, no) = (1 + rng.below(4), 1 + rng.below(9), 1 + rng.below(9));
+    let w: Vec<T> = random_vec(&mut rng, no * ni);
+    let x: Vec<T> = random_vec(&mut rng, nb * ni);
+    let wa = Array::from_slice(&spec, &[no, ni], &w).unwrap();
+    let a =
+        Dense::new(wa, &["o", "i"], dims(&[("b", nb), ("i", ni)]), dims(&[("b", nb), ("o", no)])).unwrap();
+    let got = a.apply(&Array::from_slice(&spec, &[nb, ni], &x).unwrap()).unwrap().to_vec().unwrap();
+    let mut want = vec![T::zero(); nb * no];
+    for b in 0..nb {
+        for o in 0..no {
+            for i in 0..ni {
+                want[b * no + o] += w[o * ni + i] * x[b * ni + i];
+            }
+        }
+    }
+    assert_close(&got, &want, 1e-12);
+    // Adjoint: x'[b,i] = sum_o conj(W[o,i]) y[b,o].
+    let y: Vec<T> = random_vec(&mut rng, nb * no);
+    let got = a.adjoint().apply(&Array::from_slice(&spec, &[nb, no], &y).unwrap()).unwrap().to_vec().unwrap();
+    let mut want = vec![T::zero(); nb * ni];
+    for b in 0..nb {
+        for i in 0..ni {
+            for o in 0..no {
+                want[b * ni + i] += w[o * ni + i].conj() * y[b * no + o];
+            }
+        }
+    }
+    assert_close(&got, &want, 1e-12);
+}
+
+#[test]
+fn dense_f64_matches_loops() {
+    for seed in 0..8 {
+        dense_matches_triple_loop::<f64>(seed);
+    }
+}
+
+#[test]
+fn dense_complex_matches_loops() {
+    for seed in 0..8 {
+        dense_matches_triple_loop::<C64>(seed);
+    }
+}
+
+#[test]
+fn dense_f32_and_c64_run() {
+    dense_matches_triple_loop::<f32>(1);
+    dense_matches_triple_loop::<Complex<f32>>(2);
+}
+
+/// A batch-varying weight `W[b,o,i]` on a permuted (strided) input view.
+#[test]
+fn dense_batched_weight_on_strided_input() {
+    let mut rng = Rng::new(3);
+    let spec = host();
+    let (nb, ni, no) = (3, 4, 2);
+    let w: Vec<f64> = random_vec(&mut rng, nb * no * ni);
+    // x stored as [i, b]; the operator sees it permuted to [b, i].
+    let xs: Vec<f64> = random_vec(&mut rng, ni * nb);
+    let x = Array::from_slice(&spec, &[ni, nb], &xs).unwrap().permute(&[1, 0]).unwrap();
+    assert!(!x.is_contiguous());
+    let a = Dense::new(
+        Array::from_slice(&spec, &[nb, no, ni], &w).unwrap(),
+        &["b", "o", "i"],
+        dims(&[("b", nb), ("i", ni)]),
+        dims(&[("b", nb), ("o", no)]),
+    )
+    .unwrap();
+    let got = a.apply(&x).unwrap().to_vec().unwrap();
+    let mut want = vec![0.0; nb * no];
+    for b in 0..nb {
+        for o in 0..no {
+            for i in 0..ni {
+                want[b * no + o] += w[(b * no + o) * ni + i] * xs[i * nb + b];
+            }
+        }
+    }
+    assert_close(&got, &want, 1e-12);
+}
+
+#[test]
+fn diagonal_broadcasts_over_other_dims() {
+    let mut rng = Rng::new(5);
+    let spec = host();
+    let (nx, ny) = (3, 5);
+    let w: Vec<C64> = random_vec(&mut rng, nx);
+    let x: Vec<C64> = random_vec(&mut rng, nx * ny);
+    let d =
+        Diagonal::new(Array::from_slice(&spec, &[nx], &w).unwrap(), &["x"], dims(&[("x", nx), ("y", ny)]))
+            .unwrap();
+    let xa = Array::from_slice(&spec, &[nx, ny], &x).unwrap();
+    let got = d.apply(&xa).unwrap().to_vec().unwrap();
+    let want: Vec<C64> = (0..nx * ny).map(|k| w[k / ny] * x[k]).collect();
+    assert_close(&got, &want, 1e-14);
+    let got = d.adjoint().apply(&xa).unwrap().to_vec().unwrap();
+    let want: Vec<C64> = (0..nx * ny).map(|k| w[k / ny].conj() * x[k]).collect();
+    assert_close(&got, &want, 1e-14);
+    let got = d.normal().apply(&xa).unwrap().to_vec().unwrap();
+    let want: Vec<C64> = (0..nx * ny).map(|k| C64::from(w[k / ny].norm_sqr()) * x[k]).collect();
+    assert_close(&got, &want, 1e-14);
+}
+
+#[test]
+fn scalar_identity_add_chain_match_loops() {
+    let mut rng = Rng::new(9);
+    let spec = host();
+    let d = dims(&[("x", 4), ("y", 3)]);
+    let x: Vec<C64> = random_vec(&mut rng, 12);
+    let xa = Array::from_slice(&spec, &[4, 3], &x).unwrap();
+    let alpha = C64::new(0.5, -2.0);
+    let s: LinopRef<C64> = Arc::new(Scalar::new(alpha, d.clone()));
+    let i: LinopRef<C64> = Arc::new(Identity::new(d.clone()));
+    assert_eq!(i.apply(&xa).unwrap().to_vec().unwrap(), x);
+    let want: Vec<C64> = x.iter().map(|&v| alpha * v).collect();
+    assert_close(&s.apply(&xa).unwrap().to_vec().unwrap(), &want, 1e-15);
+    let want: Vec<C64> = x.iter().map(|&v| alpha.conj() * v).collect();
+    assert_close(&s.adjoint().apply(&xa).unwrap().to_vec().unwrap(), &want, 1e-15);
+    let sum = Add::new(vec![Arc::clone(&s), Arc::clone(&i), Arc::clone(&s)]).unwrap();
+    let want: Vec<C64> = x.iter().map(|&v| alpha * v + v + alpha * v).collect();
+    assert_close(&sum.apply(&xa).unwrap().to_vec().unwrap(), &want, 1e-14);
+    let chain = Chain::new(vec![Arc::clone(&s), Arc::clone(&s), i]).unwrap();
+    let want: Vec<C64> = x.iter().map(|&v| alpha * alpha * v).collect();
+    assert_close(&chain.apply(&xa).unwrap().to_vec().unwrap(), &want, 1e-14);
+}
+
+/// The three kinds of Concat against slices computed by hand.
+#[test]
+fn concat_kinds_match_loops() {
+    let mut rng = Rng::new(13);
+    let spec = host();
+    let (n1, n2) = (2, 3);
+    let w1: Vec<f64> = random_vec(&mut rng, n1);
+    let w2: Vec<f64> = random_vec(&mut rng, n2);
+    let diag = |w: &[f64], n: usize| -> LinopRef<f64> {
+        Arc::new(
+            Diagonal::new(Array::from_slice(&spec, &[n], w).unwrap(), &["x"], dims(&[("x", n)])).unwrap(),
+        )
+    };
+    let x: Vec<f64> = random_vec(&mut rng, n1 + n2);
+    let xa = Array::from_slice(&spec, &[n1 + n2], &x).unwrap();
+    // Block diagonal.
+    let bd = Concat::new(vec![diag(&w1, n1), diag(&w2, n2)], Some("x"), Some("x")).unwrap();
+    let want: Vec<f64> =
+        (0..n1 + n2).map(|k| if k < n1 { w1[k] * x[k] } else { w2[k - n1] * x[k] }).collect();
+    assert_close(&bd.apply(&xa).unwrap().to_vec().unwrap(), &want, 1e-15);
+    // Over the output: dense rows stacked; over the input: dense columns summed.
+    let m = 4;
+    let wa: Vec<f64> = random_vec(&mut rng, 2 * m);
+    let wb: Vec<f64> = random_vec(&mut rng, 3 * m);
+    let dense = |w: &[f64], no: usize| -> LinopRef<f64> {
+        Arc::new(
+            Dense::new(
+                Array::from_slice(&spec, &[no, m], w).unwrap(),
+                &["o", "i"],
+                dims(&[("i", m)]),
+                dims(&[("o", no)]),
+            )
+            .unwrap(),
+        )
+    };
+    let xm: Vec<f64> = random_vec(&mut rng, m);
+    let rows = Concat::new(vec![dense(&wa, 2), dense(&wb, 3)], None, Some("o")).unwrap();
+    let got = rows.apply(&Array::from_slice(&spec, &[m], &xm).unwrap()).unwrap().to_vec().unwrap();
+    let mut want = vec![0.0; 5];
+    for o in 0..5 {
+        for i in 0..m {
+            want[o] += if o < 2 { wa[o * m + i] } else { wb[(o - 2) * m + i] } * xm[i];
+        }
+    }
+    assert_close(&got, &want, 1e-14);
+    let cols = rows.adjoint();
+    assert_eq!(dim_role(cols.as_ref(), "o"), DimRole::Input);
+    let y: Vec<f64> = random_vec(&mut rng, 5);
+    let got = cols.apply(&Array::from_slice(&spec, &[5], &y).unwrap()).unwrap().to_vec().unwrap();
+    let mut want = vec![0.0; m];
+    for i in 0..m {
+        for o in 0..5 {
+            want[i] += if o < 2 { wa[o * m + i] } else { wb[(o - 2) * m + i] } * y[o];
+        }
+    }
+    assert_close(&got, &want, 1e-14);
+}
+
+/// Every operator and some compositions pass the dot test.
+fn dot_tests<T: Field>(seed: u64) {
+    let mut rng = Rng::new(seed);
+    let spec = host();
+    let other = host();
+    let (nb, ni, no, nm) = (2 + rng.below(3), 1 + rng.below(6), 1 + rng.below(6), 1 + rng.below(5));
+    let dense = |rng: &mut Rng, wd: &[&str], ws: &[usize], i: Dims, o: Dims| -> LinopRef<T> {
+        Arc::new(Dense::new(random_array::<T>(rng, &spec, ws), wd, i, o).unwrap())
+    };
+    let bi = dims(&[("b", nb), ("i", ni)]);
+    let bm = dims(&[("b", nb), ("m", nm)]);
+    let bo = dims(&[("b", nb), ("o", no)]);
+    let a = dense(&mut rng, &["o", "i"], &[no, ni], bi.clone(), bo.clone());
+    let a2 = dense(&mut rng, &["b", "o", "i"], &[nb, no, ni], bi.clone(), bo.clone());
+    let f = dense(&mut rng, &["m", "i"], &[nm, ni], bi.clone(), bm.clone());
+    let g = dense(&mut rng, &["o", "m", "b"], &[no, nm, nb], bm, bo.clone());
+    let diag: LinopRef<T> =
+        Arc::new(Diagonal::new(random_array::<T>(&mut rng, &spec, &[ni]), &["i"], bi.clone()).unwrap());
+    let scalar: LinopRef<T> = Arc::new(Scalar::new(T::from_parts(0.3, -1.1), bo.clone()));
+    let ident: LinopRef<T> = Arc::new(Identity::new(bi.clone()));
+    let move_there: LinopRef<T> = Arc::new(ToDevice::new(spec.clone(), other.clone(), bi.clone()));
+    let move_back: LinopRef<T> = Arc::new(ToDevice::new(other.clone(), spec.clone(), bo.clone()));
+    let ops: Vec<LinopRef<T>> = vec![
+        Arc::clone(&a),
+        Arc::clone(&a2),
+        Arc::clone(&diag),
+        Arc::clone(&scalar),
+        Arc::clone(&ident),
+        Arc::new(ToDevice::new(spec.clone(), spec.clone(), bi.clone())),
+        Arc::new(
+            Chain::new(vec![Arc::clone(&diag), Arc::clone(&f), Arc::clone(&g), Arc::clone(&scalar)]).unwrap(),
+        ),
+        Arc::new(
+            Add::new(vec![Arc::clone(&a), Arc::clone(&a2), Arc::new(Chain::new(vec![f, g]).unwrap())])
+                .unwrap(),
+        ),
+        Arc::new(Concat::new(vec![Arc::clone(&a), Arc::clone(&a2)], None, Some("o")).unwrap()),
+        Arc::new(Concat::new(vec![Arc::clone(&a), Arc::clone(&a2)], Some("i"), None).unwrap()),
+        Arc::new(Concat::new(vec![Arc::clone(&a), Arc::clone(&a2)], Some("b"), Some("b")).unwrap()),
+        Arc::new(Chain::new(vec![move_there, a.place_on(&other).unwrap(), move_back]).unwrap()),
+        a.normal(),
+        Arc::new(Chain::new(vec![Arc::clone(&a), a.adjoint()]).unwrap()),
+    ];
+    for op in &ops {
+        dot_test(op.as_ref(), &spec, &mut rng);
+        dot_test(op.adjoint().as_ref(), &spec, &mut rng);
+    }
+}
+
+#[test]
+fn dot_test_f64() {
+    for seed in 0..4 {
+        dot_tests::<f64>(seed);
+    }
+}
+
+#[test]
+fn dot_test_complex() {
+    for seed in 10..14 {
+        dot_tests::<C64>(seed);
+    }
+}
+
+#[test]
+fn to_device_between_host_devices() {
+    let mut rng = Rng::new(21);
+    let (a, b) = (
+        host(),
+        DeviceSpec::with_streams(Device::Host, cuferry::Stream::new(Device::Host).unwrap(), None).unwrap(),
+    );
+    let d = dims(&[("x", 1000), ("y", 33)]);
+    let t = ToDevice::new(a.clone(), b.clone(), d.clone());
+    let x: Array<C64> = random_array(&mut rng, &a, &[1000, 33]);
+    let y = t.apply(&x).unwrap();
+    assert_eq!(y.spec().compute_stream.id(), b.compute_stream.id());
+    assert_eq!(y.to_vec().unwrap(), x.to_vec().unwrap());
+    let back = Linop::<C64>::adjoint(&t).apply(&y).unwrap();
+    assert_eq!(back.spec().compute_stream.id(), a.compute_stream.id());
+    assert_eq!(back.to_vec().unwrap(), x.to_vec().unwrap());
+    // The normal of a transfer is the identity operator.
+    let n = Linop::<C64>::normal(&t);
+    assert_eq!(n.name(), "Identity");
+    assert_eq!(n.apply(&x).unwrap().to_vec().unwrap(), x.to_vec().unwrap());
+    // A view (slice) moves as its elements.
+    let v = x.slice(1, 3..10).unwrap();
+    let tv = ToDevice::new(a.clone(), b.clone(), dims(&[("x", 1000), ("y", 7)]));
+    let moved = tv.apply(&v).unwrap();
+    let want: Vec<C64> = x.to_vec().unwrap().chunks(33).flat_map(|r| r[3..10].to_vec()).collect();
+    assert_eq!(moved.to_vec().unwrap(), want);
+}
+
+/// Many transfers queued back to back and consumed on the target's stream keep their order
+/// and values (the pipelined path).
+#[test]
+fn pipelined_transfers_keep_values() {
+    let mut rng = Rng::new(23);
+    let (a, b) = (host(), host());
+    let d = dims(&[("x", 4096)]);
+    let there = ToDevice::new(a.clone(), b.clone(), d.clone());
+    let back = ToDevice::new(b.clone(), a.clone(), d.clone());
+    let scale = Scalar::new(2.0f64, d);
+    let xs: Vec<Array<f64>> = (0..16).map(|_| random_array(&mut rng, &a, &[4096])).collect();
+    let ys: Vec<Array<f64>> = xs
+        .iter()
+        .map(|x| {
+            Linop::<f64>::apply(&back, &scale.apply(&Linop::<f64>::apply(&there, x).unwrap()).unwrap())
+                .unwrap()
+        })
+        .collect();
+    for (x, y) in xs.iter().zip(&ys) {
+        let want: Vec<f64> = x.to_vec().unwrap().iter().map(|v| 2.0 * v).collect();
+        assert_eq!(y.to_vec().unwrap(), want);
+    }
+}
+
+#[test]
+fn errors_for_bad_graphs() {
+    let spec = host();
+    let d3 = dims(&[("x", 3)]);
+    let d4 = dims(&[("x", 4)]);
+    let i3: LinopRef<f64> = Arc::new(Identity::new(d3.clone()));
+    let i4: LinopRef<f64> = Arc::new(Identity::new(d4.clone()));
+    let y3: LinopRef<f64> = Arc::new(Identity::new(dims(&[("y", 3)])));
+    let invalid = |r: Result<(), Error>| assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
+    invalid(Chain::new(vec![Arc::clone(&i3), Arc::clone(&i4)]).map(drop));
+    invalid(Chain::new(vec![Arc::clone(&i3), Arc::clone(&y3)]).map(drop));
+    invalid(Chain::<f64>::new(vec![]).map(drop));
+    invalid(Add::new(vec![Arc::clone(&i3), Arc::clone(&i4)]).map(drop));
+    invalid(Concat::new(vec![Arc::clone(&i3), Arc::clone(&y3)], Some("x"), Some("x")).map(drop));
+    invalid(Concat::new(vec![Arc::clone(&i3), Arc::clone(&i4)], None, None).map(drop));
+    invalid(Concat::new(vec![Arc::clone(&i3), Arc::clone(&i4)], Some("x"), None).map(drop));
+    invalid(Dims::new(&[("x", 1), ("x", 2)]).map(drop));
+    // Unknown dim names.
+    invalid(i3.split("nope", 0..1).map(drop));
+    invalid(i3.split("x", 2..5).map(drop));
+    let w = Array::from_slice(&spec, &[3], &[1.0f64, 2.0, 3.0]).unwrap();
+    invalid(Diagonal::new(w.clone(), &["z"], d3.clone()).map(drop));
+    invalid(Dense::new(w.clone(), &["q"], d3.clone(), dims(&[("o", 3)])).map(drop));
+    invalid(Dense::new(w.clone(), &["x"], d4.clone(), dims(&[("o", 3)])).map(drop));
+    // Wrong input shape.
+    let x4 = Array::from_slice(&spec, &[4], &[0.0f64; 4]).unwrap();
+    invalid(i3.apply(&x4).map(drop));
+    invalid(Array::<f64>::from_slice(&spec, &[2, 2], &[1.0; 3]).map(drop));
+    invalid(x4.slice(1, 0..1).map(drop));
+    invalid(x4.permute(&[0, 0]).map(drop));
+    // A chain that consumes a dim and produces it again cannot be split along it.
+    let wx = Array::from_slice(&spec, &[3, 2], &[1.0f64; 6]).unwrap();
+    let down: LinopRef<f64> =
+        Arc::new(Dense::new(wx.clone(), &["x", "k"], d3.clone(), dims(&[("k", 2)])).unwrap());
+    let up: LinopRef<f64> = Arc::new(Dense::new(wx, &["x", "k"], dims(&[("k", 2)]), d3.clone()).unwrap());
+    let round = Chain::new(vec![down, up]).unwrap();
+    invalid(round.split("x", 0..1).map(drop));
+    assert!(round.split("k", 0..1).is_ok());
+}
+
+#[test]
+fn to_device_rejects_wrong_shape() {
+    let t = ToDevice::new(host(), host(), dims(&[("x", 2)]));
+    let x = Array::from_slice(&host(), &[3], &[1.0f64; 3]).unwrap();
+    assert!(matches!(Linop::<f64>::apply(&t, &x), Err(Error::InvalidArgument { .. })));
+}
+
+/// host -> cuda -> host through ToDevice; arithmetic on CUDA reports the missing kernels.
+#[test]
+fn cuda_to_device_round_trip() {
+    let Some(dev) = util::cuda_device() else { return };
+    let mut rng = Rng::new(31);
+    let (h, c) = (host(), DeviceSpec::new(dev).unwrap());
+    let d = dims(&[("x", 300), ("y", 1001)]);
+    let up = ToDevice::new(h.clone(), c.clone(), d.clone());
+    let x: Array<C64> = random_array(&mut rng, &h, &[300, 1001]);
+    let on_gpu = up.apply(&x).unwrap();
+    assert_eq!(on_gpu.device(), dev);
+    assert_eq!(on_gpu.to_vec().unwrap(), x.to_vec().unwrap());
+    let back = Linop::<C64>::adjoint(&up).apply(&on_gpu).unwrap();
+    assert_eq!(back.device(), Device::Host);
+    assert_eq!(back.to_vec().unwrap(), x.to_vec().unwrap());
+    let s = Scalar::new(C64::new(2.0, 0.0), d.clone());
+    match s.apply(&on_gpu) {
+        Err(Error::Unsupported { what }) => assert_eq!(what, NO_CUDA_KERNELS),
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+    // Identity works anywhere; a strided CUDA view moves back as its elements.
+    assert_eq!(
+        Linop::<C64>::apply(&Identity::new(d), &on_gpu).unwrap().to_vec().unwrap(),
+        x.to_vec().unwrap()
+    );
+    // A transfer from the host refuses an array already on the GPU.
+    assert!(matches!(up.apply(&on_gpu), Err(Error::InvalidArgument { .. })));
+    let view = on_gpu.slice(1, 5..9).unwrap();
+    let down = ToDevice::new(c.clone(), h.clone(), dims(&[("x", 300), ("y", 4)]));
+    let want: Vec<C64> = x.to_vec().unwrap().chunks(1001).flat_map(|r| r[5..9].to_vec()).collect();
+    assert_eq!(Linop::<C64>::apply(&down, &view).unwrap().to_vec().unwrap(), want);
+}
+
+/// cuda:0 -> cuda:1 -> host when two devices exist.
+#[test]
+fn cuda_to_cuda_transfer() {
+    let Some((d0, d1)) = util::two_cuda_devices() else { return };
+    let mut rng = Rng::new(37);
+    let (h, c0, c1) = (host(), DeviceSpec::new(d0).unwrap(), DeviceSpec::new(d1).unwrap());
+    let d = dims(&[("x", 1 << 18)]);
+    let x: Array<f64> = random_array(&mut rng, &h, &[1 << 18]);
+    let chain = Chain::new(vec![
+        Arc::new(ToDevice::new(h.clone(), c0.clone(), d.clone())) as LinopRef<f64>,
+        Arc::new(ToDevice::new(c0, c1.clone(), d.clone())),
+        Arc::new(ToDevice::new(c1, h, d)),
+    ])
+    .unwrap();
+    assert_eq!(chain.apply(&x).unwrap().to_vec().unwrap(), x.to_vec().unwrap());
+}

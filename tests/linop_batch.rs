@@ -1,0 +1,304 @@
+//! Splitting and batching: `split_linop` tile rules, `create_batched_linop(A, specs)(x) ==
+//! A(x)` for random operator graphs, random batch sizes (dividing or not), device matrices of
+//! host "devices" (each spec with its own streams), nested specs; the dot test on batched
+//! operators; and the errors for bad batch sizes and device matrices.
+
+#[path = "linop_common.rs"]
+mod util;
+
+use std::sync::Arc;
+
+use cuferry::linop::{
+    create_batched_linop, dim_role, split_linop, tile_ranges, Add, Array, BatchSpec, Chain, Concat, Dense,
+    DeviceMatrix, Diagonal, DimRole, Dims, Field, Identity, Linop, LinopRef, Scalar,
+};
+use cuferry::{Device, DeviceSpec, Error, Stream};
+use num_complex::Complex;
+use util::{assert_close, dot_test, random_array, Rng};
+
+type C64 = Complex<f64>;
+
+fn host() -> DeviceSpec {
+    DeviceSpec::new(Device::Host).unwrap()
+}
+
+/// A host "device" with its own compute stream and, sometimes, its own transfer stream.
+fn host_device(rng: &mut Rng) -> DeviceSpec {
+    let transfer = (rng.below(2) == 0).then(|| Stream::new(Device::Host).unwrap());
+    DeviceSpec::with_streams(Device::Host, Stream::new(Device::Host).unwrap(), transfer).unwrap()
+}
+
+fn dims(d: &[(&str, usize)]) -> Dims {
+    Dims::new(d).unwrap()
+}
+
+#[test]
+fn tile_ranges_follow_the_rules() {
+    assert_eq!(tile_ranges(10, 3), vec![0..3, 3..6, 6..9, 9..10]);
+    assert_eq!(tile_ranges(6, 3), vec![0..3, 3..6]);
+    assert_eq!(tile_ranges(2, 5), vec![0..2]);
+    assert_eq!(tile_ranges(0, 5), vec![0..0]);
+}
+
+#[test]
+fn split_linop_grid_and_slices() {
+    let op: LinopRef<f64> = Arc::new(Identity::new(dims(&[("x", 7), ("y", 4), ("z", 2)])));
+    let grid = split_linop(op.as_ref(), &[("y", 3), ("x", 4)]).unwrap();
+    assert_eq!(grid.dims, vec!["y", "x"]);
+    assert_eq!(grid.shape, vec![2, 2]);
+    let t = grid.tile(&[1, 0]).unwrap();
+    assert_eq!(t.index, vec![1, 0]);
+    assert_eq!(t.islices, vec![0..4, 3..4, 0..2]);
+    assert_eq!(t.oslices, t.islices);
+    assert_eq!(t.linop.idims(), &dims(&[("x", 4), ("y", 1), ("z", 2)]));
+    assert!(grid.tile(&[2, 0]).is_none());
+    // Dims not listed are one whole tile.
+    let whole = split_linop(op.as_ref(), &[] as &[(&str, usize)]).unwrap();
+    assert_eq!(whole.tiles.len(), 1);
+}
+
+#[test]
+fn bad_batch_sizes_and_device_matrices() {
+    let base = host();
+    let op: LinopRef<f64> = Arc::new(Identity::new(dims(&[("x", 7), ("y", 4)])));
+    let invalid =
+        |r: Result<LinopRef<f64>, Error>| assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
+    invalid(create_batched_linop(Arc::clone(&op), &[BatchSpec::new(&[("x", 0)])]));
+    invalid(create_batched_linop(Arc::clone(&op), &[BatchSpec::new(&[("nope", 2)])]));
+    invalid(create_batched_linop(Arc::clone(&op), &[BatchSpec::new(&[("x", 2), ("x", 3)])]));
+    // x=7 by 4 gives 2 tiles: 3 devices along that axis is too many.
+    let three = DeviceMatrix::from_devices(&[3], &[Device::Host; 3]).unwrap();
+    invalid(create_batched_linop(
+        Arc::clone(&op),
+        &[BatchSpec::new(&[("x", 4)]).devices(three.clone()).base(base.clone())],
+    ));
+    // More axes than the grid.
+    let square = DeviceMatrix::from_devices(&[1, 1], &[Device::Host]).unwrap();
+    invalid(create_batched_linop(
+        Arc::clone(&op),
+        &[BatchSpec::new(&[("x", 4)]).devices(square).base(base.clone())],
+    ));
+    // A device matrix needs a base device.
+    let two = DeviceMatrix::from_devices(&[2], &[Device::Host; 2]).unwrap();
+    invalid(create_batched_linop(Arc::clone(&op), &[BatchSpec::new(&[("x", 4)]).devices(two)]));
+    // Matrices that do not hold their shape.
+    assert!(DeviceMatrix::new(&[2, 2], vec![base.clone()]).is_err());
+    assert!(DeviceMatrix::from_specs(vec![]).is_err());
+    // Fewer devices than tiles is fine (repeated).
+    let x = Array::from_slice(&base, &[7, 4], &[1.0; 28]).unwrap();
+    let ok = create_batched_linop(Arc::clone(&op), &[BatchSpec::new(&[("x", 1)]).devices(three).base(base)])
+        .unwrap();
+    assert_eq!(ok.apply(&x).unwrap().to_vec().unwrap(), vec![1.0; 28]);
+}
+
+/// Random sizes for the dims b, i, o, m.
+#[derive(Clone, Copy)]
+struct Sizes {
+    b: usize,
+    i: usize,
+    o: usize,
+    m: usize,
+}
+
+fn dense<T: Field>(rng: &mut Rng, spec: &DeviceSpec, wd: &[&str], i: Dims, o: Dims) -> LinopRef<T> {
+    let shape: Vec<usize> = wd.iter().map(|d| i.size_of(d).or(o.size_of(d)).unwrap()).collect();
+    Arc::new(Dense::new(random_array::<T>(rng, spec, &shape), wd, i, o).unwrap())
+}
+
+/// A random operator graph from (b, i) to (b, o), mixing every operator kind. Internal dim
+/// `m` appears inside chains.
+fn random_graph<T: Field>(rng: &mut Rng, spec: &DeviceSpec, s: &Sizes, depth: usize) -> LinopRef<T> {
+    let bi = dims(&[("b", s.b), ("i", s.i)]);
+    let bo = dims(&[("b", s.b), ("o", s.o)]);
+    let bm = dims(&[("b", s.b), ("m", s.m)]);
+    let kind = if depth == 0 { rng.below(3) } else { rng.below(7) };
+    match kind {
+        0 => dense(rng, spec, &["o", "i"], bi, bo),
+        1 => dense(rng, spec, &["i", "b", "o"], bi, bo),
+        2 => {
+            let d: LinopRef<T> =
+                Arc::new(Diagonal::new(random_array::<T>(rng, spec, &[s.i]), &["i"], bi.clone()).unwrap());
+            let sc: LinopRef<T> = Arc::new(Scalar::new(T::from_parts(1.5, 0.25), bo.clone()));
+            Arc::new(Chain::new(vec![d, dense(rng, spec, &["o", "i"], bi, bo), sc]).unwrap())
+        }
+        3 => {
+            let f = dense::<T>(rng, spec, &["m", "i"], bi, bm.clone());
+            let g = dense::<T>(rng, spec, &["b", "o", "m"], bm, bo);
+            Arc::new(Chain::new(vec![f, g]).unwrap())
+        }
+        4 => {
+            let a = random_graph(rng, spec, s, depth - 1);
+            let b = random_graph(rng, spec, s, depth - 1);
+            Arc::new(Add::new(vec![a, b]).unwrap())
+        }
+        5 => {
+            // Block diagonal along b: two graphs on b-halves.
+            let b1 = 1 + rng.below(s.b.max(2) - 1).min(s.b.saturating_sub(1));
+            let (s1, s2) = (Sizes { b: b1, ..*s }, Sizes { b: s.b - b1, ..*s });
+            if s2.b == 0 {
+                return random_graph(rng, spec, s, depth - 1);
+            }
+            let a = random_graph(rng, spec, &s1, depth - 1);
+            let b = random_graph(rng, spec, &s2, depth - 1);
+            Arc::new(Concat::new(vec![a, b], Some("b"), Some("b")).unwrap())
+        }
+        _ => {
+            // Two denses stacked over the output along s, then a dense from s to o.
+            let s1 = 1 + rng.below(4);
+            let s2 = 1 + rng.below(4);
+            let top = dense::<T>(rng, spec, &["s", "i"], bi.clone(), dims(&[("b", s.b), ("s", s1)]));
+            let bot = dense::<T>(rng, spec, &["s", "i"], bi, dims(&[("b", s.b), ("s", s2)]));
+            let stacked: LinopRef<T> = Arc::new(Concat::new(vec![top, bot], None, Some("s")).unwrap());
+            let w = dense::<T>(rng, spec, &["o", "s"], dims(&[("b", s.b), ("s", s1 + s2)]), bo);
+            Arc::new(Chain::new(vec![stacked, w]).unwrap())
+        }
+    }
+}
+
+/// Random batch sizes over a random subset of the dims the operator knows.
+fn random_batches<T: Field>(rng: &mut Rng, op: &dyn Linop<T>, candidates: &[&str]) -> Vec<(String, usize)> {
+    let mut out = Vec::new();
+    for d in candidates {
+        if let Some(n) = op.dim_size(d) {
+            if rng.below(2) == 0 {
+                out.push((d.to_string(), 1 + rng.below(n + 1)));
+            }
+        }
+    }
+    if out.is_empty() {
+        if let Some(n) = op.dim_size("b") {
+            out.push(("b".to_string(), 1 + rng.below(n)));
+        }
+    }
+    out
+}
+
+fn random_matrix(rng: &mut Rng, grid_axes: usize, pool: &[DeviceSpec]) -> Option<DeviceMatrix> {
+    if rng.below(4) == 0 || grid_axes == 0 {
+        return None;
+    }
+    let n = 1 + rng.below(pool.len());
+    Some(DeviceMatrix::from_specs(pool[..n].to_vec()).unwrap())
+}
+
+/// `create_batched_linop(A, specs)(x) == A(x)` for a random graph and random specs; the
+/// batched operator's adjoint matches too and passes the dot test.
+fn batched_equals_unsplit<T: Field>(seed: u64) {
+    let mut rng = Rng::new(seed);
+    let base = host();
+    let pool: Vec<DeviceSpec> = (0..3).map(|_| host_device(&mut rng)).collect();
+    let s = Sizes { b: 1 + rng.below(6), i: 1 + rng.below(7), o: 1 + rng.below(7), m: 1 + rng.below(5) };
+    let op = random_graph::<T>(&mut rng, &base, &s, 2);
+    let mut specs = Vec::new();
+    let levels = 1 + rng.below(2);
+    for level in 0..levels {
+        let batches = random_batches(&mut rng, op.as_ref(), &["b", "i", "o", "m", "s"]);
+        // Device matrices only where they fit: each axis at most the tile count.
+        let grid: Vec<usize> =
+            batches.iter().map(|(d, b)| op.dim_size(d).unwrap().div_ceil(*b).max(1)).collect();
+        let mut spec = BatchSpec::new(&batches);
+        // Nested levels see ragged tiles with fewer tiles: one device there.
+        let pool_here = if level == 0 { &pool[..] } else { &pool[..1] };
+        if let Some(m) = random_matrix(&mut rng, grid.len(), pool_here) {
+            if m.shape()[0] <= grid[0] {
+                spec = spec.devices(m);
+            }
+        }
+        if level == 0 {
+            spec = spec.base(base.clone());
+        }
+        specs.push(spec);
+    }
+    let batched = match create_batched_linop(Arc::clone(&op), &specs) {
+        Ok(b) => b,
+        Err(e) => panic!("seed {seed}: {e} for {op:?} with {specs:?}"),
+    };
+    assert_eq!(batched.idims(), op.idims());
+    assert_eq!(batched.odims(), op.odims());
+    let x = random_array::<T>(&mut rng, &base, op.idims().sizes());
+    let want = op.apply(&x).unwrap().to_vec().unwrap();
+    let got = batched.apply(&x).unwrap();
+    assert_eq!(got.spec().compute_stream.id(), base.compute_stream.id());
+    assert_close(&got.to_vec().unwrap(), &want, 1e-11);
+    let y = random_array::<T>(&mut rng, &base, op.odims().sizes());
+    let want = op.adjoint().apply(&y).unwrap().to_vec().unwrap();
+    assert_close(&batched.adjoint().apply(&y).unwrap().to_vec().unwrap(), &want, 1e-11);
+    dot_test(batched.as_ref(), &base, &mut rng);
+}
+
+#[test]
+fn batched_equals_unsplit_f64() {
+    for seed in 0..40 {
+        batched_equals_unsplit::<f64>(seed);
+    }
+}
+
+#[test]
+fn batched_equals_unsplit_complex() {
+    for seed in 100..140 {
+        batched_equals_unsplit::<C64>(seed);
+    }
+}
+
+/// The reassembly rule for each role of the batched dim, checked on the structure.
+#[test]
+fn reassembly_follows_the_dim_role() {
+    let mut rng = Rng::new(77);
+    let base = host();
+    let f =
+        dense::<f64>(&mut rng, &base, &["m", "i"], dims(&[("b", 4), ("i", 5)]), dims(&[("b", 4), ("m", 3)]));
+    let g =
+        dense::<f64>(&mut rng, &base, &["o", "m"], dims(&[("b", 4), ("m", 3)]), dims(&[("b", 4), ("o", 6)]));
+    let op: LinopRef<f64> = Arc::new(Chain::new(vec![f, g]).unwrap());
+    for (d, role, name) in [
+        ("b", DimRole::Both, "Concat"),
+        ("i", DimRole::Input, "Concat"),
+        ("o", DimRole::Output, "Concat"),
+        ("m", DimRole::Internal, "Add"),
+    ] {
+        assert_eq!(dim_role(op.as_ref(), d), role);
+        let b = create_batched_linop(Arc::clone(&op), &[BatchSpec::new(&[(d, 2)])]).unwrap();
+        assert_eq!(b.name(), name, "dim {d}");
+        let x = random_array::<f64>(&mut rng, &base, &[4, 5]);
+        assert_close(
+            &b.apply(&x).unwrap().to_vec().unwrap(),
+            &op.apply(&x).unwrap().to_vec().unwrap(),
+            1e-12,
+        );
+    }
+}
+
+/// Nested specs: the outer level places tiles on host devices, the inner one splits each tile
+/// again and places the pieces on other host devices (base inherited from the outer tile).
+#[test]
+fn nested_specs_place_and_split_again() {
+    let mut rng = Rng::new(91);
+    let base = host();
+    let outer: Vec<DeviceSpec> = (0..2).map(|_| host_device(&mut rng)).collect();
+    let inner: Vec<DeviceSpec> = (0..3).map(|_| host_device(&mut rng)).collect();
+    let op = dense::<C64>(
+        &mut rng,
+        &base,
+        &["b", "o", "i"],
+        dims(&[("b", 7), ("i", 9)]),
+        dims(&[("b", 7), ("o", 5)]),
+    );
+    let specs = [
+        BatchSpec::new(&[("b", 3)]).devices(DeviceMatrix::from_specs(outer).unwrap()).base(base.clone()),
+        BatchSpec::new(&[("o", 2), ("i", 4)]).devices(DeviceMatrix::new(&[3, 1], inner).unwrap()),
+    ];
+    let batched = create_batched_linop(Arc::clone(&op), &specs).unwrap();
+    let x = random_array::<C64>(&mut rng, &base, &[7, 9]);
+    assert_close(
+        &batched.apply(&x).unwrap().to_vec().unwrap(),
+        &op.apply(&x).unwrap().to_vec().unwrap(),
+        1e-12,
+    );
+    dot_test(batched.as_ref(), &base, &mut rng);
+    // The normal of the batched operator equals the normal of the original.
+    assert_close(
+        &batched.normal().apply(&x).unwrap().to_vec().unwrap(),
+        &op.normal().apply(&x).unwrap().to_vec().unwrap(),
+        1e-12,
+    );
+}
