@@ -84,3 +84,18 @@ cuferry_status cuferry_memset_async(void *dst, int32_t value, size_t bytes,
                                     cuferry_stream stream) {
   (void)dst; (void)value; (void)bytes; (void)stream; NB;
 }
+
+/* ---- halo pack/unpack ----------------------------------------------------------------------- */
+cuferry_status cuferry_halo_launch(int32_t device, const cuferry_halo_desc *table, int32_t n_desc,
+                                   int64_t total_units, void *packed, int32_t direction,
+                                   cuferry_stream stream) {
+  (void)device; (void)table; (void)n_desc; (void)total_units; (void)packed; (void)direction;
+  (void)stream; NB;
+}
+cuferry_status cuferry_halo_seed_pack_launch(int32_t device, const void *src,
+                                             const int32_t *indices, int64_t n, void *dst,
+                                             int32_t elem_size, int32_t elem_kind, int32_t negate,
+                                             cuferry_stream stream) {
+  (void)device; (void)src; (void)indices; (void)n; (void)dst; (void)elem_size; (void)elem_kind;
+  (void)negate; (void)stream; NB;
+}
