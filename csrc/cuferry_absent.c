@@ -139,4 +139,17 @@ cuferry_status cuferry_cuda_fill_pattern_u32(uint32_t *data, size_t n, uint32_t 
 cuferry_status cuferry_cuda_sum_u32(const uint32_t *data, size_t n, unsigned long long *sum,
                                     cuferry_stream stream) {
   (void)data; (void)n; (void)sum; (void)stream; NB;
+/* ---- halo pack/unpack ----------------------------------------------------------------------- */
+cuferry_status cuferry_cuda_halo_launch(int32_t device, const cuferry_halo_desc *table, int32_t n_desc,
+                                   int64_t total_units, void *packed, int32_t direction,
+                                   cuferry_stream stream) {
+  (void)device; (void)table; (void)n_desc; (void)total_units; (void)packed; (void)direction;
+  (void)stream; NB;
+}
+cuferry_status cuferry_cuda_halo_seed_pack_launch(int32_t device, const void *src,
+                                             const int32_t *indices, int64_t n, void *dst,
+                                             int32_t elem_size, int32_t elem_kind, int32_t negate,
+                                             cuferry_stream stream) {
+  (void)device; (void)src; (void)indices; (void)n; (void)dst; (void)elem_size; (void)elem_kind;
+  (void)negate; (void)stream; NB;
 }

@@ -265,3 +265,95 @@ cuferry_status cuferry_cuda_sum_u32(const uint32_t *data, size_t n, unsigned lon
 #endif
 
 #endif /* CUFERRY_CUDA_H */
+
+/* ---- halo pack/unpack (csrc/halo.cu) ------------------------------------------------------
+ * A second guarded block, appended after the main one so that the lines above stay as they
+ * are; it relies on the typedefs above (the header is always included whole).
+ *
+ * Rules:
+ *  1. One launch moves every region of an exchange set: a table of cuferry_halo_desc in device
+ *     memory, one entry per (array, region), read by every block of the kernel.
+ *  2. A descriptor is a strided copy between an array region and a slot of the packed buffer,
+ *     in units of `elem_size` bytes (1, 2, 4 or 8). Rotations and flips are already folded
+ *     into signed array strides and the array address by the caller; the packed side is
+ *     row-major. Direction CUFERRY_HALO_PACK copies array -> packed (negating when `negate`),
+ *     CUFERRY_HALO_UNPACK copies packed -> array (never negates).
+ *  3. Work is numbered in access units of `unit_elems` elements (16-byte accesses where rows
+ *     are contiguous and aligned): descriptor d covers units [unit_first, unit_first + units),
+ *     descriptors in table order, without gaps, each with units > 0.
+ *  4. Launch errors are reported (cudaGetLastError after the launch); faults inside the kernel
+ *     surface at the next synchronising call, as CUDA defines.
+ */
+#ifndef CUFERRY_CUDA_HALO_H
+#define CUFERRY_CUDA_HALO_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Most dimensions a halo descriptor holds (after merging contiguous dims). */
+#define CUFERRY_HALO_MAX_DIMS 8
+/** Threads per block of the halo kernel, and units per thread per block. */
+#define CUFERRY_HALO_BLOCK_THREADS 256
+#define CUFERRY_HALO_UNITS_PER_THREAD 4
+
+/** Directions of cuferry_cuda_halo_launch. */
+#define CUFERRY_HALO_PACK 0
+#define CUFERRY_HALO_UNPACK 1
+
+/** Element kinds: how an element is negated. BITS elements are never negated. */
+#define CUFERRY_HALO_KIND_BITS 0
+#define CUFERRY_HALO_KIND_F32 1
+#define CUFERRY_HALO_KIND_F64 2
+#define CUFERRY_HALO_KIND_I32 3
+
+/** One strided copy between an array region and a slot of the packed buffer. Integer fields
+ *  only, no padding (Rust uploads it as bytes). */
+typedef struct cuferry_halo_desc {
+  /** Device address of the region's first element in output order (rotation folded in). */
+  uint64_t array;
+  /** Byte offset of the slot in the packed buffer. */
+  int64_t packed_offset;
+  /** First access unit of this descriptor in the launch's numbering. */
+  int64_t unit_first;
+  /** Number of access units (> 0). */
+  int64_t units;
+  /** Strides in elements, outermost dim first; signed on the array side. */
+  int64_t array_stride[CUFERRY_HALO_MAX_DIMS];
+  int64_t packed_stride[CUFERRY_HALO_MAX_DIMS];
+  /** Extents in elements, outermost first; the innermost is extent[ndim - 1]. */
+  int32_t extent[CUFERRY_HALO_MAX_DIMS];
+  int32_t ndim;
+  /** Bytes per element: 1, 2, 4 or 8. */
+  int32_t elem_size;
+  /** CUFERRY_HALO_KIND_*. */
+  int32_t elem_kind;
+  /** 1: negate while packing. */
+  int32_t negate;
+  /** Elements per access unit; > 1 only when both innermost strides are 1 and aligned. */
+  int32_t unit_elems;
+  /** Access units per innermost row: extent[ndim - 1] / unit_elems. */
+  int32_t row_units;
+} cuferry_halo_desc;
+
+/** Runs every descriptor of `table` (device memory, `n_desc` entries covering `total_units`
+ *  units) in ONE kernel launch on `stream` of `device`. `packed` is the packed buffer's device
+ *  address; `direction` is CUFERRY_HALO_PACK or CUFERRY_HALO_UNPACK. total_units = 0 launches
+ *  nothing. */
+cuferry_status cuferry_cuda_halo_launch(int32_t device, const cuferry_halo_desc *table, int32_t n_desc,
+                                   int64_t total_units, void *packed, int32_t direction,
+                                   cuferry_stream stream);
+
+/** The seed's strategy, kept as a benchmark baseline: one launch gathering `n` elements
+ *  dst[i] = src[indices[i]] (negated when `negate`, per `elem_kind`), with `indices` a flat
+ *  int32 index array in device memory. */
+cuferry_status cuferry_cuda_halo_seed_pack_launch(int32_t device, const void *src,
+                                             const int32_t *indices, int64_t n, void *dst,
+                                             int32_t elem_size, int32_t elem_kind, int32_t negate,
+                                             cuferry_stream stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CUFERRY_CUDA_HALO_H */

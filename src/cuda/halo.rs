@@ -1,1 +1,94 @@
-//! C ABI calls of the halo kernels (csrc/halo.cu).
+//! Halo calls (halo.cu): the one-launch pack/unpack kernel and the seed-strategy baseline.
+//!
+//! Rules: one function per C call, each returning [`Result`]; the kernels are asynchronous, so
+//! every pointer they get must stay alive until the stream has run them (the halo module keeps
+//! that promise with use trackers).
+
+use std::os::raw::c_void;
+
+use super::{check, ordinal, stream::RawStream};
+use crate::error::{Error, Result};
+use crate::sys;
+
+/// Direction of [`launch`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum HaloDirection {
+    /// Arrays -> packed buffer.
+    Pack,
+    /// Packed buffer -> arrays.
+    Unpack,
+}
+
+/// `cuferry_cuda_halo_launch`: runs every descriptor of `table` in one kernel launch.
+///
+/// # Safety
+///
+/// 1. `table` is device memory of `device` holding `n_desc` descriptors laid out as the header's
+///    rules say (unit numbering without gaps, `total_units` in all).
+/// 2. Every address the descriptors name, and `packed` plus every slot, is device memory of
+///    `device` that **stays alive and is not used by other unordered work until the stream has
+///    run the kernel** (it is asynchronous).
+pub(crate) unsafe fn launch(
+    device: u32,
+    table: *const sys::cuferry_halo_desc,
+    n_desc: usize,
+    total_units: u64,
+    packed: *mut c_void,
+    direction: HaloDirection,
+    stream: RawStream,
+) -> Result<()> {
+    let dev = ordinal(device)?;
+    let n = i32::try_from(n_desc)
+        .map_err(|_| Error::invalid(format!("{n_desc} halo descriptors are too many")))?;
+    let units = i64::try_from(total_units)
+        .map_err(|_| Error::invalid(format!("{total_units} halo units are too many")))?;
+    let dir = match direction {
+        HaloDirection::Pack => sys::CUFERRY_HALO_PACK,
+        HaloDirection::Unpack => sys::CUFERRY_HALO_UNPACK,
+    };
+    // SAFETY: preconditions 1 and 2; the stream handle is live.
+    check("cuferry_cuda_halo_launch", unsafe {
+        sys::cuferry_cuda_halo_launch(dev, table, n, units, packed, dir, stream.0)
+    })
+}
+
+/// What the seed-strategy gather moves: element size, kind and negation.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SeedElement {
+    pub(crate) size: i32,
+    pub(crate) kind: i32,
+    pub(crate) negate: bool,
+}
+
+/// `cuferry_cuda_halo_seed_pack_launch`: `dst[i] = src[indices[i]]` for `i < n`, one launch.
+///
+/// # Safety
+///
+/// 1. `indices` holds `n` indices into `src`, and `dst` room for `n` elements, all device memory
+///    of `device` that **stays alive until the stream has run the kernel**.
+pub(crate) unsafe fn seed_pack_launch(
+    device: u32,
+    src: *const c_void,
+    indices: *const i32,
+    n: usize,
+    dst: *mut c_void,
+    element: SeedElement,
+    stream: RawStream,
+) -> Result<()> {
+    let dev = ordinal(device)?;
+    let n = i64::try_from(n).map_err(|_| Error::invalid(format!("{n} elements are too many")))?;
+    // SAFETY: precondition 1; the stream handle is live.
+    check("cuferry_cuda_halo_seed_pack_launch", unsafe {
+        sys::cuferry_cuda_halo_seed_pack_launch(
+            dev,
+            src,
+            indices,
+            n,
+            dst,
+            element.size,
+            element.kind,
+            i32::from(element.negate),
+            stream.0,
+        )
+    })
+}

@@ -26,6 +26,15 @@ pub const CUFERRY_ADVISE_SET_PREFERRED_LOCATION: i32 = 3;
 pub const CUFERRY_ADVISE_UNSET_PREFERRED_LOCATION: i32 = 4;
 pub const CUFERRY_ADVISE_SET_ACCESSED_BY: i32 = 5;
 pub const CUFERRY_ADVISE_UNSET_ACCESSED_BY: i32 = 6;
+pub const CUFERRY_HALO_MAX_DIMS: i32 = 8;
+pub const CUFERRY_HALO_BLOCK_THREADS: i32 = 256;
+pub const CUFERRY_HALO_UNITS_PER_THREAD: i32 = 4;
+pub const CUFERRY_HALO_PACK: i32 = 0;
+pub const CUFERRY_HALO_UNPACK: i32 = 1;
+pub const CUFERRY_HALO_KIND_BITS: i32 = 0;
+pub const CUFERRY_HALO_KIND_F32: i32 = 1;
+pub const CUFERRY_HALO_KIND_F64: i32 = 2;
+pub const CUFERRY_HALO_KIND_I32: i32 = 3;
 #[doc = " 0 on success, > 0 a cudaError_t, < 0 one of the CUFERRY_STATUS_* codes below."]
 pub type cuferry_status = i32;
 #[repr(C)]
@@ -453,6 +462,89 @@ unsafe extern "C" {
         data: *const u32,
         n: usize,
         sum: *mut ::std::os::raw::c_ulonglong,
+        stream: cuferry_stream,
+    ) -> cuferry_status;
+}
+#[doc = " One strided copy between an array region and a slot of the packed buffer. Integer fields\n  only, no padding (Rust uploads it as bytes)."]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cuferry_halo_desc {
+    #[doc = " Device address of the region's first element in output order (rotation folded in)."]
+    pub array: u64,
+    #[doc = " Byte offset of the slot in the packed buffer."]
+    pub packed_offset: i64,
+    #[doc = " First access unit of this descriptor in the launch's numbering."]
+    pub unit_first: i64,
+    #[doc = " Number of access units (> 0)."]
+    pub units: i64,
+    #[doc = " Strides in elements, outermost dim first; signed on the array side."]
+    pub array_stride: [i64; 8usize],
+    pub packed_stride: [i64; 8usize],
+    #[doc = " Extents in elements, outermost first; the innermost is extent[ndim - 1]."]
+    pub extent: [i32; 8usize],
+    pub ndim: i32,
+    #[doc = " Bytes per element: 1, 2, 4 or 8."]
+    pub elem_size: i32,
+    #[doc = " CUFERRY_HALO_KIND_*."]
+    pub elem_kind: i32,
+    #[doc = " 1: negate while packing."]
+    pub negate: i32,
+    #[doc = " Elements per access unit; > 1 only when both innermost strides are 1 and aligned."]
+    pub unit_elems: i32,
+    #[doc = " Access units per innermost row: extent[ndim - 1] / unit_elems."]
+    pub row_units: i32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cuferry_halo_desc"][::std::mem::size_of::<cuferry_halo_desc>() - 216usize];
+    ["Alignment of cuferry_halo_desc"][::std::mem::align_of::<cuferry_halo_desc>() - 8usize];
+    ["Offset of field: cuferry_halo_desc::array"][::std::mem::offset_of!(cuferry_halo_desc, array) - 0usize];
+    ["Offset of field: cuferry_halo_desc::packed_offset"]
+        [::std::mem::offset_of!(cuferry_halo_desc, packed_offset) - 8usize];
+    ["Offset of field: cuferry_halo_desc::unit_first"]
+        [::std::mem::offset_of!(cuferry_halo_desc, unit_first) - 16usize];
+    ["Offset of field: cuferry_halo_desc::units"][::std::mem::offset_of!(cuferry_halo_desc, units) - 24usize];
+    ["Offset of field: cuferry_halo_desc::array_stride"]
+        [::std::mem::offset_of!(cuferry_halo_desc, array_stride) - 32usize];
+    ["Offset of field: cuferry_halo_desc::packed_stride"]
+        [::std::mem::offset_of!(cuferry_halo_desc, packed_stride) - 96usize];
+    ["Offset of field: cuferry_halo_desc::extent"]
+        [::std::mem::offset_of!(cuferry_halo_desc, extent) - 160usize];
+    ["Offset of field: cuferry_halo_desc::ndim"][::std::mem::offset_of!(cuferry_halo_desc, ndim) - 192usize];
+    ["Offset of field: cuferry_halo_desc::elem_size"]
+        [::std::mem::offset_of!(cuferry_halo_desc, elem_size) - 196usize];
+    ["Offset of field: cuferry_halo_desc::elem_kind"]
+        [::std::mem::offset_of!(cuferry_halo_desc, elem_kind) - 200usize];
+    ["Offset of field: cuferry_halo_desc::negate"]
+        [::std::mem::offset_of!(cuferry_halo_desc, negate) - 204usize];
+    ["Offset of field: cuferry_halo_desc::unit_elems"]
+        [::std::mem::offset_of!(cuferry_halo_desc, unit_elems) - 208usize];
+    ["Offset of field: cuferry_halo_desc::row_units"]
+        [::std::mem::offset_of!(cuferry_halo_desc, row_units) - 212usize];
+};
+unsafe extern "C" {
+    #[doc = " Runs every descriptor of `table` (device memory, `n_desc` entries covering `total_units`\n  units) in ONE kernel launch on `stream` of `device`. `packed` is the packed buffer's device\n  address; `direction` is CUFERRY_HALO_PACK or CUFERRY_HALO_UNPACK. total_units = 0 launches\n  nothing."]
+    pub fn cuferry_cuda_halo_launch(
+        device: i32,
+        table: *const cuferry_halo_desc,
+        n_desc: i32,
+        total_units: i64,
+        packed: *mut ::std::os::raw::c_void,
+        direction: i32,
+        stream: cuferry_stream,
+    ) -> cuferry_status;
+}
+unsafe extern "C" {
+    #[doc = " The seed's strategy, kept as a benchmark baseline: one launch gathering `n` elements\n  dst[i] = src[indices[i]] (negated when `negate`, per `elem_kind`), with `indices` a flat\n  int32 index array in device memory."]
+    pub fn cuferry_cuda_halo_seed_pack_launch(
+        device: i32,
+        src: *const ::std::os::raw::c_void,
+        indices: *const i32,
+        n: i64,
+        dst: *mut ::std::os::raw::c_void,
+        elem_size: i32,
+        elem_kind: i32,
+        negate: i32,
         stream: cuferry_stream,
     ) -> cuferry_status;
 }

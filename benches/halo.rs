@@ -1,0 +1,232 @@
+//! Halo pack throughput, as ratios to the ceiling measured in the same run.
+//!
+//! Cases: 1, 4 and 10 arrays of 48 x 48 x 79 f64 with a halo of 3 (the cubed-sphere tile),
+//! stored (z, y, x) with x contiguous, packing all four edges, the x-faces only (rows of 3
+//! elements, 24 bytes: the worst case) or the y-faces only (rows of 48 elements, 384 bytes);
+//! the 10-array edges also turned once; and 4 arrays of 384 x 384 x 79 (12 MB packed).
+//!
+//! Host backend: `HaloPacker::pack` + `synchronize` (queue, worker thread, use tracking,
+//! completion wait included) against `copy_from_slice` of the same number of bytes (the memcpy
+//! ceiling), and the seed's strategy (index arrays, one gather per array per edge) for the
+//! 10-array case. Cases above 4 MiB (threaded by default) also run with one thread. Target:
+//! pack >= 70% of the memcpy rate for rows >= 128 B.
+//!
+//! CUDA, when a device is present: the one-launch kernel against the seed baseline (one launch
+//! per array per edge) and a same-bytes device-to-device copy, each timed over back-to-back
+//! calls with one wait at the end. Without a device it prints `SKIP: no CUDA device`.
+//!
+//! Criterion reports bytes per second; compare the lines of one group (one run).
+
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use cuferry::halo::baseline::SeedBaseline;
+use cuferry::halo::{ElementType, HaloExchange, HaloPacker, HaloSpec, HorizontalDims};
+use cuferry::{copy, Device, DeviceBuffer, Stream};
+
+const HALO: usize = 3;
+const LEVELS: usize = 79;
+
+#[derive(Clone, Copy, Debug)]
+enum Faces {
+    All,
+    OnlyX,
+    OnlyY,
+}
+
+impl Faces {
+    fn name(self) -> &'static str {
+        match self {
+            Faces::All => "edges",
+            Faces::OnlyX => "xfaces",
+            Faces::OnlyY => "yfaces",
+        }
+    }
+}
+
+/// One case: the spec of each array and its exchanges.
+struct Case {
+    name: String,
+    spec: HaloSpec,
+    exchanges: Vec<HaloExchange>,
+    arrays: usize,
+}
+
+/// `arrays` tiles of n x n x LEVELS (plus halo), packing `faces`; `turned`: each edge turned a
+/// quarter clockwise into the halo of the next side (as across a cube edge).
+fn case(n: usize, arrays: usize, faces: Faces, turned: bool) -> Case {
+    let w = n + 2 * HALO;
+    let spec =
+        HaloSpec::contiguous(ElementType::F64, &[LEVELS, w, w], HorizontalDims::xy(2, 1)).expect("spec");
+    let (lo, hi, mid) = (HALO..2 * HALO, n..n + HALO, HALO..HALO + n);
+    let (halo_lo, halo_hi) = (0..HALO, n + HALO..w);
+    let z = 0..LEVELS;
+    // (pack y, pack x, unpack y, unpack x) per edge, unturned: each edge into the opposite halo.
+    let west = (mid.clone(), lo.clone(), mid.clone(), halo_hi.clone());
+    let east = (mid.clone(), hi.clone(), mid.clone(), halo_lo.clone());
+    let south = (lo, mid.clone(), halo_hi.clone(), mid.clone());
+    let north = (hi, mid.clone(), halo_lo.clone(), mid.clone());
+    let edges = match faces {
+        Faces::All => vec![west, east, south, north],
+        Faces::OnlyX => vec![west, east],
+        Faces::OnlyY => vec![south, north],
+    };
+    let mut per_array = Vec::new();
+    for (py, px, uy, ux) in edges {
+        let ex = if turned {
+            // A quarter turn swaps the strip's extents: unpack into the halo of the next side.
+            let (uy, ux) = if px.len() == HALO {
+                (halo_lo.clone(), mid.clone())
+            } else {
+                (mid.clone(), halo_lo.clone())
+            };
+            HaloExchange::new(&spec, &[z.clone(), py, px], 1, &[z.clone(), uy, ux])
+        } else {
+            HaloExchange::new(&spec, &[z.clone(), py, px], 0, &[z.clone(), uy, ux])
+        };
+        per_array.push(ex.expect("exchange"));
+    }
+    let exchanges: Vec<HaloExchange> = (0..arrays).flat_map(|_| per_array.iter().cloned()).collect();
+    let name = format!("{arrays}x{n}^2x{LEVELS}_{}{}", faces.name(), if turned { "_turned" } else { "" });
+    Case { name, spec, exchanges, arrays }
+}
+
+fn cases() -> Vec<Case> {
+    let mut out = Vec::new();
+    for arrays in [1, 4, 10] {
+        for faces in [Faces::All, Faces::OnlyX, Faces::OnlyY] {
+            out.push(case(48, arrays, faces, false));
+        }
+    }
+    out.push(case(48, 10, Faces::All, true));
+    for faces in [Faces::All, Faces::OnlyX, Faces::OnlyY] {
+        out.push(case(384, 4, faces, false));
+    }
+    out
+}
+
+/// The arrays of a case (filled), and the per-exchange array list.
+fn arrays_of(stream: &Stream, c: &Case) -> Vec<DeviceBuffer<f64>> {
+    let len = c.spec.required_len();
+    (0..c.arrays)
+        .map(|a| {
+            let data: Vec<f64> = (0..len).map(|i| (i * 7 + a) as f64).collect();
+            DeviceBuffer::from_slice(stream, &data).expect("array")
+        })
+        .collect()
+}
+
+fn per_exchange<'a>(c: &Case, arrays: &'a [DeviceBuffer<f64>]) -> Vec<&'a DeviceBuffer<f64>> {
+    let per = c.exchanges.len() / c.arrays;
+    (0..c.exchanges.len()).map(|i| &arrays[i / per]).collect()
+}
+
+fn host_pack(cr: &mut Criterion) {
+    let mut group = cr.benchmark_group("halo_cpu");
+    group.sample_size(20).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
+    for c in cases() {
+        let mut packer = HaloPacker::new(Device::Host, &c.exchanges, None).expect("packer");
+        let stream = packer.stream().clone();
+        let arrays = arrays_of(&stream, &c);
+        let list = per_exchange(&c, &arrays);
+        let bytes = packer.buffer_bytes();
+        group.throughput(Throughput::Bytes(bytes as u64));
+        group.bench_function(BenchmarkId::new("pack", &c.name), |b| {
+            b.iter(|| {
+                packer.pack(&list, None).expect("pack");
+                packer.synchronize().expect("sync");
+            })
+        });
+        let (src, mut dst) = (vec![1.5f64; bytes / 8], vec![0.0f64; bytes / 8]);
+        group.bench_function(BenchmarkId::new("memcpy", &c.name), |b| {
+            b.iter(|| {
+                dst.copy_from_slice(std::hint::black_box(&src));
+                std::hint::black_box(&mut dst);
+            })
+        });
+        if bytes > 4 << 20 {
+            packer.set_host_threads(1);
+            group.bench_function(BenchmarkId::new("pack_1thread", &c.name), |b| {
+                b.iter(|| {
+                    packer.pack(&list, None).expect("pack");
+                    packer.synchronize().expect("sync");
+                })
+            });
+        }
+        if c.name == "10x48^2x79_edges" {
+            let mut seed = SeedBaseline::new(&stream, &c.exchanges).expect("seed baseline");
+            group.bench_function(BenchmarkId::new("seed_index_gather", &c.name), |b| {
+                b.iter(|| {
+                    seed.pack(&list).expect("seed pack");
+                    stream.synchronize().expect("sync");
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+/// Times `iters` back-to-back calls of `f` with one wait at the end.
+fn timed(iters: u64, mut f: impl FnMut(), wait: impl Fn()) -> Duration {
+    let t0 = Instant::now();
+    for _ in 0..iters {
+        f();
+    }
+    wait();
+    t0.elapsed()
+}
+
+fn cuda_pack(cr: &mut Criterion) {
+    if Device::cuda_count() == 0 {
+        println!("SKIP: no CUDA device (halo_cuda benches)");
+        return;
+    }
+    let device = Device::Cuda(0);
+    let mut group = cr.benchmark_group("halo_cuda");
+    group.sample_size(30).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
+    for c in cases() {
+        let mut packer = HaloPacker::new(device, &c.exchanges, None).expect("packer");
+        let stream = packer.stream().clone();
+        let arrays = arrays_of(&stream, &c);
+        let list = per_exchange(&c, &arrays);
+        let bytes = packer.buffer_bytes();
+        group.throughput(Throughput::Bytes(bytes as u64));
+        packer.pack(&list, None).expect("first pack (uploads the table)");
+        packer.synchronize().expect("sync");
+        group.bench_function(BenchmarkId::new("one_launch", &c.name), |b| {
+            b.iter_custom(|iters| {
+                timed(
+                    iters,
+                    || packer.pack(&list, None).expect("pack"),
+                    || stream.synchronize().expect("sync"),
+                )
+            })
+        });
+        let mut seed = SeedBaseline::new(&stream, &c.exchanges).expect("seed baseline");
+        group.bench_function(
+            BenchmarkId::new(format!("seed_{}_launches", seed.launches_per_pack()), &c.name),
+            |b| {
+                b.iter_custom(|iters| {
+                    timed(iters, || seed.pack(&list).expect("seed"), || stream.synchronize().expect("sync"))
+                })
+            },
+        );
+        let src = DeviceBuffer::<u8>::zeroed(&stream, bytes).expect("src");
+        let mut dst = DeviceBuffer::<u8>::zeroed(&stream, bytes).expect("dst");
+        group.bench_function(BenchmarkId::new("d2d_copy", &c.name), |b| {
+            b.iter_custom(|iters| {
+                timed(
+                    iters,
+                    || {
+                        copy(&stream, &src, &mut dst).expect("d2d");
+                    },
+                    || stream.synchronize().expect("sync"),
+                )
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, host_pack, cuda_pack);
+criterion_main!(benches);

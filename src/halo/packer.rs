@@ -1,0 +1,471 @@
+//! [`HaloPacker`]: packs many arrays into one buffer and unpacks them from one, asynchronously.
+//!
+//! Rules (see also the [halo module](super)):
+//! - Built once per exchange set: the layout and the transfers are computed at construction
+//!   (and on CUDA uploaded to the device at the first call, again only when the arrays'
+//!   addresses change).
+//! - `pack` and `unpack` check every array (element type, device, length covering the spec's
+//!   strided extent) before queueing anything, then queue the work on the packer's stream and
+//!   return at once. On CUDA that is ONE kernel launch per call; on the host backend ONE job.
+//! - The queued work is recorded on the tracker of every array and buffer it touches, so it is
+//!   ordered after earlier work on them (any stream), later work waits for it, and dropping an
+//!   array or the packer while it is pending is safe (a dropped array waits; the packer's
+//!   buffers go back to the pool still tracked).
+//! - `unpack` writes through shared references, like a copy queued on the stream: only tracked
+//!   work (copies, `to_vec`, drops) can observe the arrays, and it runs after the unpack. One
+//!   array may appear in several exchanges; their unpack regions must then be disjoint.
+//! - The rotation is applied once, by `pack`. `unpack` writes each slot into its unpack region
+//!   in row-major order, unturned and unnegated.
+
+use std::sync::Arc;
+
+use super::cpu::{thread_budget, Direction, HostJob};
+use super::gpu::DeviceTable;
+use super::plan::{ArrayRef, Component, PackedSlot, Plan};
+use super::pool::PooledBuffer;
+use super::spec::{ElementType, HaloExchange};
+use crate::copy::copy;
+use crate::cuda::halo::HaloDirection;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::memory::sealed::Sealed;
+use crate::memory::tracker::UseTracker;
+use crate::memory::{DeviceBuffer, Element};
+use crate::stream::Stream;
+
+/// Packs the regions of many arrays into one contiguous buffer and unpacks them from one.
+///
+/// Scalar quantities take one exchange list; vector quantities two (x and y components, in the
+/// same order), and the rotation then also turns the components (module docs of
+/// [`crate::halo`]). The packed layout is given by [`HaloPacker::slots`].
+///
+/// # Examples
+///
+/// Pack the east column of one array turned a quarter clockwise, and unpack it as the south row
+/// of another:
+///
+/// ```
+/// use cuferry::halo::{ElementType, HaloExchange, HaloPacker, HaloSpec, HorizontalDims};
+/// use cuferry::{Device, DeviceBuffer, Stream};
+///
+/// // 3 x 3 arrays stored as (y, x): element (x, y) at index 3 y + x.
+/// let spec = HaloSpec::contiguous(ElementType::F64, &[3, 3], HorizontalDims::xy(1, 0))?;
+/// let east_to_south = HaloExchange::new(&spec, &[0..3, 2..3], 1, &[0..1, 0..3])?;
+/// let mut packer = HaloPacker::new(Device::Host, &[east_to_south], None)?;
+///
+/// let stream = packer.stream().clone();
+/// let a = DeviceBuffer::from_slice(&stream, &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0])?;
+/// let b = DeviceBuffer::<f64>::zeroed(&stream, 9)?;
+/// packer.pack(&[&a], None)?;
+/// packer.copy_pack_to_unpack()?; // what a communication library would do
+/// packer.unpack(&[&b], None)?;
+/// // The east column, north at the top (8, 5, 2 from y = 2 down), turned clockwise: north
+/// // goes east, so the row reads 2, 5, 8 from west to east.
+/// assert_eq!(b.to_vec(&stream)?[..3], [2.0, 5.0, 8.0]);
+/// # Ok::<(), cuferry::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct HaloPacker {
+    stream: Stream,
+    plan: Arc<Plan>,
+    pack_buf: PooledBuffer,
+    unpack_buf: PooledBuffer,
+    backend: Backend,
+    /// The unpack array addresses whose aliasing was checked last (the check is skipped when
+    /// the same arrays come again).
+    unpack_checked: Option<Vec<usize>>,
+    /// Most threads a host job uses.
+    host_threads: usize,
+}
+
+/// The one place where the two backends differ.
+#[derive(Debug)]
+enum Backend {
+    Host,
+    Cuda(Box<CudaTables>),
+}
+
+/// The CUDA backend's descriptor tables, one per direction.
+#[derive(Debug)]
+struct CudaTables {
+    ordinal: u32,
+    pack: DeviceTable,
+    unpack: DeviceTable,
+}
+
+impl HaloPacker {
+    /// A packer with its own new stream on `device`.
+    ///
+    /// # Errors
+    ///
+    /// As [`HaloPacker::with_stream`], and the errors of [`Stream::new`].
+    pub fn new(
+        device: Device,
+        exchanges_x: &[HaloExchange],
+        exchanges_y: Option<&[HaloExchange]>,
+    ) -> Result<Self> {
+        Self::with_stream(&Stream::new(device)?, exchanges_x, exchanges_y)
+    }
+
+    /// A packer that queues its work on `stream` (a clone of the handle is kept). Its device
+    /// is the stream's.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when the exchanges mix element types, `exchanges_y` differs
+    /// in length from `exchanges_x`, a vector quantity has an unsigned or raw element type, its
+    /// two exchanges turn differently, or a slot's rotated pack shape differs from the unpack
+    /// shape it fills; allocation errors of the buffers.
+    pub fn with_stream(
+        stream: &Stream,
+        exchanges_x: &[HaloExchange],
+        exchanges_y: Option<&[HaloExchange]>,
+    ) -> Result<Self> {
+        let plan = Arc::new(Plan::new(exchanges_x, exchanges_y)?);
+        let pack_buf = PooledBuffer::take(stream, plan.bytes)?;
+        let unpack_buf = PooledBuffer::take(stream, plan.bytes)?;
+        let backend = match stream.device() {
+            Device::Host => Backend::Host,
+            Device::Cuda(ordinal) => Backend::Cuda(Box::new(CudaTables {
+                ordinal,
+                pack: DeviceTable::new(stream, plan.pack.len())?,
+                unpack: DeviceTable::new(stream, plan.unpack.len())?,
+            })),
+        };
+        Ok(HaloPacker {
+            stream: stream.clone(),
+            plan,
+            pack_buf,
+            unpack_buf,
+            backend,
+            unpack_checked: None,
+            host_threads: thread_budget(),
+        })
+    }
+
+    /// Sets the most threads one host-backend job may use (default: the machine's parallelism,
+    /// at most 16; `0` counts as 1). Jobs under 4 MiB always run on the stream's worker alone;
+    /// larger ones add a thread per 2 MiB up to this limit. No effect on CUDA.
+    pub fn set_host_threads(&mut self, threads: usize) {
+        self.host_threads = threads.max(1);
+    }
+
+    /// The most threads one host-backend job may use.
+    pub fn host_threads(&self) -> usize {
+        self.host_threads
+    }
+
+    /// The stream the packer queues on.
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// The device of the arrays and buffers.
+    pub fn device(&self) -> Device {
+        self.stream.device()
+    }
+
+    /// Whether the quantities are vectors (two exchange lists).
+    pub fn is_vector(&self) -> bool {
+        self.plan.exchanges_y.is_some()
+    }
+
+    /// Number of quantities (exchanges per list).
+    pub fn quantities(&self) -> usize {
+        self.plan.exchanges_x.len()
+    }
+
+    /// The element type (`None` for an empty exchange list).
+    pub fn element(&self) -> Option<ElementType> {
+        self.plan.element
+    }
+
+    /// Size of the packed buffer (and of the unpack buffer) in bytes.
+    pub fn buffer_bytes(&self) -> usize {
+        self.plan.bytes
+    }
+
+    /// The slots of the packed buffer, in pack order.
+    pub fn slots(&self) -> &[PackedSlot] {
+        &self.plan.slots
+    }
+
+    /// Kernel launches (CUDA) or host jobs (host) one `pack` or `unpack` queues: 1, or 0 when
+    /// there is nothing to move.
+    pub fn launches_per_call(&self) -> usize {
+        usize::from(!self.plan.pack.is_empty())
+    }
+
+    /// Queues the packing of every pack region (turned and, for vectors, with the components
+    /// turned) into the pack buffer. `arrays_x[i]` is the array of `exchanges_x[i]`;
+    /// `arrays_y` is given exactly when the packer was built with `exchanges_y`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when the number of arrays is wrong, `arrays_y` is given to a
+    /// scalar packer or missing for a vector one, an array's element type does not match its
+    /// spec, it is on another device, or it is shorter than its spec's strided extent; CUDA
+    /// errors of the table upload and the launch. Nothing is queued on error.
+    pub fn pack<T: Element>(
+        &mut self,
+        arrays_x: &[&DeviceBuffer<T>],
+        arrays_y: Option<&[&DeviceBuffer<T>]>,
+    ) -> Result<()> {
+        self.run(Direction::Pack, arrays_x, arrays_y)
+    }
+
+    /// Queues the unpacking of the unpack buffer into every unpack region (in row-major order,
+    /// not turned: the rotation was applied by the pack). Arguments as for
+    /// [`HaloPacker::pack`].
+    ///
+    /// # Errors
+    ///
+    /// As [`HaloPacker::pack`], and [`Error::InvalidArgument`] when one array is passed for two
+    /// exchanges with different specs or overlapping unpack regions.
+    pub fn unpack<T: Element>(
+        &mut self,
+        arrays_x: &[&DeviceBuffer<T>],
+        arrays_y: Option<&[&DeviceBuffer<T>]>,
+    ) -> Result<()> {
+        self.run(Direction::Unpack, arrays_x, arrays_y)
+    }
+
+    /// True when the queued pack and unpack work on the buffers has finished; does not block.
+    ///
+    /// # Errors
+    ///
+    /// CUDA errors of `cudaEventQuery`.
+    pub fn ready(&self) -> Result<bool> {
+        Ok(self.pack_buf.get()?.is_idle()? && self.unpack_buf.get()?.is_idle()?)
+    }
+
+    /// Blocks until everything queued on the packer's stream has finished (when the stream is
+    /// shared, that includes other work on it).
+    ///
+    /// # Errors
+    ///
+    /// As [`Stream::synchronize`].
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize()
+    }
+
+    /// The pack buffer, after [`HaloPacker::synchronize`]: ready to be sent.
+    ///
+    /// # Errors
+    ///
+    /// As [`HaloPacker::synchronize`].
+    pub fn pack_buffer(&self) -> Result<&DeviceBuffer<u8>> {
+        self.synchronize()?;
+        self.pack_buf.get()
+    }
+
+    /// The unpack buffer, after [`HaloPacker::synchronize`].
+    ///
+    /// # Errors
+    ///
+    /// As [`HaloPacker::synchronize`].
+    pub fn unpack_buffer(&self) -> Result<&DeviceBuffer<u8>> {
+        self.synchronize()?;
+        self.unpack_buf.get()
+    }
+
+    /// The unpack buffer for receiving into, after [`HaloPacker::synchronize`].
+    ///
+    /// # Errors
+    ///
+    /// As [`HaloPacker::synchronize`].
+    pub fn unpack_buffer_mut(&mut self) -> Result<&mut DeviceBuffer<u8>> {
+        self.synchronize()?;
+        self.unpack_buf.get_mut()
+    }
+
+    /// Queues a copy of the pack buffer into the unpack buffer on the packer's stream (a
+    /// loopback: a periodic boundary on one rank, or a test).
+    ///
+    /// # Errors
+    ///
+    /// Errors of [`crate::copy`].
+    pub fn copy_pack_to_unpack(&mut self) -> Result<()> {
+        let src = self.pack_buf.get()?;
+        let dst = self.unpack_buf.get_mut()?;
+        copy(&self.stream, src, dst).map(|_| ())
+    }
+
+    fn run<T: Element>(
+        &mut self,
+        direction: Direction,
+        arrays_x: &[&DeviceBuffer<T>],
+        arrays_y: Option<&[&DeviceBuffer<T>]>,
+    ) -> Result<()> {
+        let arrays = Arrays { x: arrays_x, y: arrays_y };
+        self.check_arrays(&arrays)?;
+        if direction == Direction::Unpack {
+            self.check_unpack_aliasing(&arrays)?;
+        }
+        let plan = Arc::clone(&self.plan);
+        let transfers = match direction {
+            Direction::Pack => &plan.pack,
+            Direction::Unpack => &plan.unpack,
+        };
+        if transfers.is_empty() {
+            return Ok(());
+        }
+        let bases: Vec<*mut u8> = transfers.iter().map(|t| arrays.get(t.array).raw_parts().ptr).collect();
+        let stream = self.stream.clone();
+        let buffer = match direction {
+            Direction::Pack => self.pack_buf.get()?,
+            Direction::Unpack => self.unpack_buf.get()?,
+        };
+        let packed = buffer.raw_parts().ptr;
+        let mut trackers: Vec<&UseTracker> = vec![buffer.raw_parts().tracker];
+        for a in arrays.x.iter().chain(arrays.y.unwrap_or(&[])) {
+            let tracker = a.raw_parts().tracker;
+            if !trackers.iter().any(|t| std::ptr::eq(*t, tracker)) {
+                trackers.push(tracker);
+            }
+        }
+        match &mut self.backend {
+            Backend::Host => {
+                let job = HostJob {
+                    plan: Arc::clone(&plan),
+                    direction,
+                    arrays: bases,
+                    packed,
+                    max_threads: self.host_threads,
+                };
+                UseTracker::use_on(&stream, &trackers, || stream.host_fn(move || job.run()))
+            }
+            Backend::Cuda(tables) => {
+                let CudaTables { ordinal, pack, unpack } = &mut **tables;
+                let (table, dir) = match direction {
+                    Direction::Pack => (pack, HaloDirection::Pack),
+                    Direction::Unpack => (unpack, HaloDirection::Unpack),
+                };
+                table.bind(&stream, transfers, &bases, packed)?;
+                let table: &DeviceTable = table;
+                trackers.push(table.buffer().raw_parts().tracker);
+                let ordinal = *ordinal;
+                UseTracker::use_on(&stream, &trackers, || {
+                    // SAFETY: the table was just bound to these addresses, and the launch is
+                    // recorded on the trackers of every array, the packed buffer and the table,
+                    // which keep them alive and ordered until it has run.
+                    unsafe { table.launch(&stream, ordinal, packed, dir) }
+                })
+            }
+        }
+    }
+
+    /// Element type, device and length of every array; counts and vector-ness.
+    fn check_arrays<T: Element>(&self, arrays: &Arrays<'_, T>) -> Result<()> {
+        let plan = &self.plan;
+        if arrays.x.len() != plan.exchanges_x.len() {
+            return Err(Error::invalid(format!(
+                "{} arrays given for {} exchanges",
+                arrays.x.len(),
+                plan.exchanges_x.len()
+            )));
+        }
+        match (&plan.exchanges_y, arrays.y) {
+            (None, Some(_)) => return Err(Error::invalid("y arrays given to a packer of scalar quantities")),
+            (Some(_), None) => {
+                return Err(Error::invalid("a packer of vector quantities needs the y arrays"))
+            }
+            (Some(ys), Some(ay)) if ys.len() != ay.len() => {
+                return Err(Error::invalid(format!(
+                    "{} y arrays given for {} y exchanges",
+                    ay.len(),
+                    ys.len()
+                )))
+            }
+            _ => {}
+        }
+        let components: &[Component] =
+            if arrays.y.is_some() { &[Component::X, Component::Y] } else { &[Component::X] };
+        for &component in components {
+            for quantity in 0..arrays.x.len() {
+                let at = ArrayRef { component, quantity };
+                let (array, spec) = (arrays.get(at), plan.exchange(at).spec());
+                let name = format!("{component:?} array {quantity}");
+                if !spec.element().accepts::<T>() {
+                    return Err(Error::invalid(format!(
+                        "{name} holds {} but its spec is {:?}",
+                        std::any::type_name::<T>(),
+                        spec.element()
+                    )));
+                }
+                if array.device() != self.device() {
+                    return Err(Error::invalid(format!(
+                        "{name} is on {} but the packer works on {}",
+                        array.device(),
+                        self.device()
+                    )));
+                }
+                let bytes = array.len() * std::mem::size_of::<T>();
+                if bytes < spec.required_bytes() {
+                    return Err(Error::invalid(format!(
+                        "{name} has {bytes} bytes but its spec (shape {:?}, strides {:?}) needs {}",
+                        spec.shape(),
+                        spec.strides(),
+                        spec.required_bytes()
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Rejects one array passed for two slots with different specs or overlapping regions.
+    fn check_unpack_aliasing<T: Element>(&mut self, arrays: &Arrays<'_, T>) -> Result<()> {
+        let plan = &self.plan;
+        let targets: Vec<(usize, ArrayRef)> =
+            plan.unpack.iter().map(|t| (arrays.get(t.array).raw_parts().ptr as usize, t.array)).collect();
+        let key: Vec<usize> = targets.iter().map(|t| t.0).collect();
+        if self.unpack_checked.as_ref() == Some(&key) {
+            return Ok(());
+        }
+        for (i, &(addr_a, a)) in targets.iter().enumerate() {
+            for &(addr_b, b) in &targets[i + 1..] {
+                if addr_a != addr_b {
+                    continue;
+                }
+                let (ea, eb) = (plan.exchange(a), plan.exchange(b));
+                if ea.spec() != eb.spec() {
+                    return Err(Error::invalid(format!(
+                        "one array is passed as {:?} {} and {:?} {} with different specs",
+                        a.component, a.quantity, b.component, b.quantity
+                    )));
+                }
+                let overlap = ea
+                    .unpack_region()
+                    .iter()
+                    .zip(eb.unpack_region())
+                    .all(|(r, s)| r.start < s.end && s.start < r.end);
+                if overlap {
+                    return Err(Error::invalid(format!(
+                        "one array is unpacked twice into overlapping regions {:?} and {:?}",
+                        ea.unpack_region(),
+                        eb.unpack_region()
+                    )));
+                }
+            }
+        }
+        self.unpack_checked = Some(key);
+        Ok(())
+    }
+}
+
+/// The arrays of one call.
+struct Arrays<'a, T: Element> {
+    x: &'a [&'a DeviceBuffer<T>],
+    y: Option<&'a [&'a DeviceBuffer<T>]>,
+}
+
+impl<T: Element> Arrays<'_, T> {
+    /// The array of a slot; callers checked the counts.
+    fn get(&self, at: ArrayRef) -> &DeviceBuffer<T> {
+        match (at.component, self.y) {
+            (Component::Y, Some(ys)) => ys[at.quantity],
+            _ => self.x[at.quantity],
+        }
+    }
+}

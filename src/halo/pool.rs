@@ -1,0 +1,111 @@
+//! The pool of packed buffers, keyed by (device, size in bytes), shared by every packer.
+//!
+//! Rules:
+//! - A packer takes its buffers from the pool (or allocates zeroed ones) and gives them back
+//!   when dropped, with work possibly still queued on them: the buffer's use tracker orders the
+//!   next user's work after it, and host reads wait for it, so no synchronisation is needed.
+//! - The pool keeps at most [`MAX_PER_KEY`] buffers per key; extra buffers are freed (their
+//!   drop waits for their queued work). [`clear_buffer_pool`] frees every pooled buffer.
+//! - Buffers are freed outside the pool's lock, so a slow free never blocks other packers.
+
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex, MutexGuard};
+
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::memory::DeviceBuffer;
+use crate::stream::Stream;
+
+/// Buffers kept per (device, size).
+pub const MAX_PER_KEY: usize = 8;
+
+type Key = (Device, usize);
+
+static POOL: LazyLock<Mutex<HashMap<Key, Vec<DeviceBuffer<u8>>>>> = LazyLock::new(Mutex::default);
+
+fn lock() -> MutexGuard<'static, HashMap<Key, Vec<DeviceBuffer<u8>>>> {
+    // A poisoned lock only means a panic elsewhere; the map itself is always consistent.
+    POOL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A buffer on loan from the pool; goes back on drop.
+#[derive(Debug)]
+pub(crate) struct PooledBuffer {
+    buf: Option<DeviceBuffer<u8>>,
+}
+
+impl PooledBuffer {
+    /// A buffer of `bytes` bytes on `stream`'s device: a pooled one, or a new zeroed one
+    /// (zeroing queued on `stream`).
+    pub(crate) fn take(stream: &Stream, bytes: usize) -> Result<Self> {
+        let key = (stream.device(), bytes);
+        let pooled = if bytes == 0 { None } else { lock().get_mut(&key).and_then(Vec::pop) };
+        let buf = match pooled {
+            Some(buf) => buf,
+            None => DeviceBuffer::zeroed(stream, bytes)?,
+        };
+        Ok(PooledBuffer { buf: Some(buf) })
+    }
+
+    /// The buffer (always there until the drop).
+    pub(crate) fn get(&self) -> Result<&DeviceBuffer<u8>> {
+        self.buf.as_ref().ok_or_else(gone)
+    }
+
+    /// The buffer, writable.
+    pub(crate) fn get_mut(&mut self) -> Result<&mut DeviceBuffer<u8>> {
+        self.buf.as_mut().ok_or_else(gone)
+    }
+}
+
+fn gone() -> Error {
+    Error::invalid("the pooled buffer was already returned")
+}
+
+impl Drop for PooledBuffer {
+    fn drop(&mut self) {
+        let Some(buf) = self.buf.take() else { return };
+        if buf.is_empty() {
+            return;
+        }
+        let key = (buf.device(), buf.len());
+        let extra = {
+            let mut pool = lock();
+            let list = pool.entry(key).or_default();
+            if list.len() < MAX_PER_KEY {
+                list.push(buf);
+                None
+            } else {
+                Some(buf)
+            }
+        };
+        drop(extra); // outside the lock: waits for the buffer's queued work, then frees
+    }
+}
+
+/// Number of buffers waiting in the pool.
+///
+/// # Examples
+///
+/// ```
+/// let _ = cuferry::halo::pooled_buffers();
+/// ```
+pub fn pooled_buffers() -> usize {
+    lock().values().map(Vec::len).sum()
+}
+
+/// Frees every pooled buffer (each drop waits for the buffer's queued work) and returns how
+/// many there were. Buffers on loan to live packers are not affected.
+///
+/// # Examples
+///
+/// ```
+/// use cuferry::halo::{clear_buffer_pool, pooled_buffers};
+/// clear_buffer_pool();
+/// # // Other doctests run in other processes, so the pool is empty now.
+/// assert_eq!(pooled_buffers(), 0);
+/// ```
+pub fn clear_buffer_pool() -> usize {
+    let drained: Vec<DeviceBuffer<u8>> = lock().drain().flat_map(|(_, list)| list).collect();
+    drained.len()
+}

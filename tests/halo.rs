@@ -1,0 +1,864 @@
+//! Halo pack/unpack against a plain scalar reference written here, element by element, from
+//! the conventions of shared/ARCHITECTURE.md (rotation formula, lone-axis flips, vector rule,
+//! pack order), independently of the crate's code.
+//!
+//! Random layouts (1-wide and non-square shapes, padded and permuted strides, every rotation,
+//! lone-axis arrays), scalar and vector quantities of f32/f64/i32 and u8/raw scalars; errors for
+//! bad specs and arrays; drop safety while work is queued; the buffer pool; the seed baseline.
+//! Each case runs on the host backend and, with a GPU, on CUDA, where it must also equal the
+//! host result bit for bit.
+
+// Regions are one Range per dim, so a one-dim region is a one-element array on purpose.
+#![allow(clippy::single_range_in_vec_init)]
+
+mod common;
+
+use std::ops::Range;
+use std::time::Duration;
+
+use common::Rng;
+use cuferry::halo::baseline::SeedBaseline;
+use cuferry::halo::{Component, ElementType, HaloExchange, HaloPacker, HaloSpec, HorizontalDims};
+use cuferry::{Device, DeviceBuffer, Element, Error, Stream};
+
+// ---- the reference ---------------------------------------------------------------------------
+
+/// Values the reference can negate and draw.
+trait Val: Element + PartialEq + std::fmt::Debug {
+    fn neg(self) -> Self;
+    fn random(rng: &mut Rng) -> Self;
+}
+
+impl Val for f64 {
+    fn neg(self) -> Self {
+        -self
+    }
+    fn random(rng: &mut Rng) -> Self {
+        (rng.next_u64() >> 20) as f64 / 1024.0 - 4.0e9
+    }
+}
+
+impl Val for f32 {
+    fn neg(self) -> Self {
+        -self
+    }
+    fn random(rng: &mut Rng) -> Self {
+        (rng.next_u64() >> 44) as f32 / 16.0 - 3.0e4
+    }
+}
+
+impl Val for i32 {
+    fn neg(self) -> Self {
+        self.wrapping_neg()
+    }
+    fn random(rng: &mut Rng) -> Self {
+        let v = rng.next_u64() as i32;
+        if rng.below(50) == 0 {
+            i32::MIN
+        } else {
+            v
+        }
+    }
+}
+
+impl Val for u8 {
+    fn neg(self) -> Self {
+        self // never asked: vectors of u8 are rejected
+    }
+    fn random(rng: &mut Rng) -> Self {
+        rng.next_u64() as u8
+    }
+}
+
+impl Val for [u8; 12] {
+    fn neg(self) -> Self {
+        self // never asked: vectors of raw elements are rejected
+    }
+    fn random(rng: &mut Rng) -> Self {
+        let mut v = [0u8; 12];
+        v.iter_mut().for_each(|b| *b = rng.next_u64() as u8);
+        v
+    }
+}
+
+/// An array layout as the test sees it.
+#[derive(Clone, Debug)]
+struct Layout {
+    shape: Vec<usize>,
+    strides: Vec<usize>,
+    x: Option<usize>,
+    y: Option<usize>,
+}
+
+impl Layout {
+    fn at(&self, idx: &[usize]) -> usize {
+        idx.iter().zip(&self.strides).map(|(i, s)| i * s).sum()
+    }
+
+    fn required(&self) -> usize {
+        if self.shape.contains(&0) {
+            return 0;
+        }
+        self.shape.iter().zip(&self.strides).map(|(n, s)| (n - 1) * s).sum::<usize>() + 1
+    }
+
+    fn spec<T: Element>(&self) -> HaloSpec {
+        HaloSpec::new(
+            ElementType::of::<T>(),
+            &self.shape,
+            &self.strides,
+            HorizontalDims { x: self.x, y: self.y },
+        )
+        .unwrap()
+    }
+}
+
+/// A dense row-major block of values.
+#[derive(Clone, Debug, PartialEq)]
+struct Block<T> {
+    shape: Vec<usize>,
+    vals: Vec<T>,
+}
+
+/// Calls `f` on every multi-index of `shape` in row-major order.
+fn each_index(shape: &[usize], mut f: impl FnMut(&[usize])) {
+    if shape.contains(&0) {
+        return;
+    }
+    let mut idx = vec![0usize; shape.len()];
+    loop {
+        f(&idx);
+        let mut d = shape.len();
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            idx[d] += 1;
+            if idx[d] < shape[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
+impl<T: Val> Block<T> {
+    fn get(&self, idx: &[usize]) -> T {
+        let mut flat = 0;
+        for (i, n) in idx.iter().zip(&self.shape) {
+            flat = flat * n + i;
+        }
+        self.vals[flat]
+    }
+
+    fn extract(layout: &Layout, data: &[T], region: &[Range<usize>]) -> Self {
+        let shape: Vec<usize> = region.iter().map(|r| r.len()).collect();
+        let mut vals = Vec::new();
+        each_index(&shape, |idx| {
+            let abs: Vec<usize> = idx.iter().zip(region).map(|(i, r)| r.start + i).collect();
+            vals.push(data[layout.at(&abs)]);
+        });
+        Block { shape, vals }
+    }
+
+    fn write(&self, layout: &Layout, data: &mut [T], region: &[Range<usize>]) {
+        let shape: Vec<usize> = region.iter().map(|r| r.len()).collect();
+        assert_eq!(shape, self.shape, "reference: the block does not fit the region");
+        let mut k = 0;
+        each_index(&shape, |idx| {
+            let abs: Vec<usize> = idx.iter().zip(region).map(|(i, r)| r.start + i).collect();
+            data[layout.at(&abs)] = self.vals[k];
+            k += 1;
+        });
+    }
+
+    /// Element (i, j) of the result is element (nx-1-j, i) of `self` (one clockwise turn).
+    fn quarter_turn(&self, x: usize, y: usize) -> Self {
+        let nx = self.shape[x];
+        let mut shape = self.shape.clone();
+        shape.swap(x, y);
+        let mut vals = Vec::new();
+        each_index(&shape, |r| {
+            let mut s = r.to_vec();
+            s[x] = nx - 1 - r[y];
+            s[y] = r[x];
+            vals.push(self.get(&s));
+        });
+        Block { shape, vals }
+    }
+
+    fn flip(&self, d: usize) -> Self {
+        let n = self.shape[d];
+        let mut vals = Vec::new();
+        each_index(&self.shape, |r| {
+            let mut s = r.to_vec();
+            s[d] = n - 1 - r[d];
+            vals.push(self.get(&s));
+        });
+        Block { shape: self.shape.clone(), vals }
+    }
+
+    /// k clockwise turns, numpy's lone-axis rule when one horizontal dim is missing.
+    fn rotate(&self, x: Option<usize>, y: Option<usize>, k: u32) -> Self {
+        match (x, y) {
+            (Some(x), Some(y)) => (0..k).fold(self.clone(), |b, _| b.quarter_turn(x, y)),
+            (Some(x), None) if k == 1 || k == 2 => self.flip(x),
+            (None, Some(y)) if k == 3 || k == 2 => self.flip(y),
+            _ => self.clone(),
+        }
+    }
+
+    fn negated(&self) -> Self {
+        Block { shape: self.shape.clone(), vals: self.vals.iter().map(|v| v.neg()).collect() }
+    }
+}
+
+/// Elements from bytes (copied, so alignment does not matter).
+fn from_bytes<T: Element>(bytes: &[u8]) -> Vec<T> {
+    let mut out = vec![T::zeroed(); bytes.len() / std::mem::size_of::<T>()];
+    bytemuck::cast_slice_mut::<T, u8>(&mut out).copy_from_slice(bytes);
+    out
+}
+
+// ---- random cases ----------------------------------------------------------------------------
+
+/// One quantity: its layout(s), data and exchange.
+#[derive(Clone, Debug)]
+struct Quantity<T> {
+    layout_x: Layout,
+    layout_y: Layout,
+    src_x: Vec<T>,
+    src_y: Vec<T>,
+    dst_x: Vec<T>,
+    dst_y: Vec<T>,
+    pack: Vec<Range<usize>>,
+    unpack: Vec<Range<usize>>,
+    k: u32,
+}
+
+fn random_strides(rng: &mut Rng, shape: &[usize]) -> Vec<usize> {
+    let nd = shape.len();
+    let mut order: Vec<usize> = (0..nd).collect();
+    for i in (1..nd).rev() {
+        order.swap(i, rng.below(i + 1));
+    }
+    let mut strides = vec![0; nd];
+    let mut acc = 1 + rng.below(2) * rng.below(3); // sometimes the innermost stride is > 1
+    for &d in order.iter().rev() {
+        strides[d] = acc;
+        acc *= shape[d].max(1) + rng.below(3) * rng.below(2);
+    }
+    strides
+}
+
+fn random_quantity<T: Val>(rng: &mut Rng, horizontal_always: bool) -> Quantity<T> {
+    let nd = 1 + rng.below(4);
+    let shape: Vec<usize> = (0..nd).map(|_| 1 + rng.below(6)).collect();
+    let pick = |rng: &mut Rng| rng.below(nd);
+    let (x, y) = match (nd, rng.below(6)) {
+        (1, 0) if !horizontal_always => (None, None),
+        (1, c) => {
+            if c % 2 == 0 {
+                (Some(0), None)
+            } else {
+                (None, Some(0))
+            }
+        }
+        (_, 0) => (Some(pick(rng)), None),
+        (_, 1) => (None, Some(pick(rng))),
+        _ => {
+            let a = pick(rng);
+            let b = (a + 1 + rng.below(nd - 1)) % nd;
+            (Some(a), Some(b))
+        }
+    };
+    let layout_x = Layout { shape: shape.clone(), strides: random_strides(rng, &shape), x, y };
+    let layout_y = Layout { shape: shape.clone(), strides: random_strides(rng, &shape), x, y };
+    let k = rng.below(4) as u32;
+    let both = x.zip(y);
+    let mut pack = Vec::new();
+    let mut ext = Vec::new();
+    for (d, &n) in shape.iter().enumerate() {
+        let limit = match both {
+            Some((a, b)) if d == a || d == b => shape[a].min(shape[b]),
+            _ => n,
+        };
+        let e = if rng.below(20) == 0 { 0 } else { 1 + rng.below(limit) };
+        let s = rng.below(n - e + 1);
+        pack.push(s..s + e);
+        ext.push(e);
+    }
+    if let (Some((a, b)), 1 | 3) = (both, k) {
+        ext.swap(a, b);
+    }
+    let unpack: Vec<Range<usize>> = ext
+        .iter()
+        .zip(&shape)
+        .map(|(&e, &n)| {
+            let s = rng.below(n - e + 1);
+            s..s + e
+        })
+        .collect();
+    let fill = |rng: &mut Rng, l: &Layout| (0..l.required()).map(|_| T::random(rng)).collect::<Vec<T>>();
+    Quantity {
+        src_x: fill(rng, &layout_x),
+        src_y: fill(rng, &layout_y),
+        dst_x: fill(rng, &layout_x),
+        dst_y: fill(rng, &layout_y),
+        layout_x,
+        layout_y,
+        pack,
+        unpack,
+        k,
+    }
+}
+
+/// The reference pack buffer and the reference destinations after unpacking it.
+fn reference<T: Val>(qs: &[Quantity<T>], vector: bool) -> (Vec<T>, Vec<Vec<T>>, Vec<Vec<T>>) {
+    let mut packed = Vec::new();
+    let (mut out_x, mut out_y) = (Vec::new(), Vec::new());
+    for q in qs {
+        let (x, y) = (q.layout_x.x, q.layout_x.y);
+        let u = Block::extract(&q.layout_x, &q.src_x, &q.pack).rotate(x, y, q.k);
+        let (slot_x, slot_y) = if vector {
+            let v = Block::extract(&q.layout_y, &q.src_y, &q.pack).rotate(x, y, q.k);
+            match q.k {
+                0 => (u, Some(v)),
+                1 => (v, Some(u.negated())),
+                2 => (u.negated(), Some(v.negated())),
+                _ => (v.negated(), Some(u)),
+            }
+        } else {
+            (u, None)
+        };
+        let mut dx = q.dst_x.clone();
+        let unpack_shape: Vec<usize> = q.unpack.iter().map(|r| r.len()).collect();
+        Block { shape: unpack_shape.clone(), vals: slot_x.vals.clone() }.write(
+            &q.layout_x,
+            &mut dx,
+            &q.unpack,
+        );
+        packed.extend_from_slice(&slot_x.vals);
+        out_x.push(dx);
+        if let Some(sy) = slot_y {
+            let mut dy = q.dst_y.clone();
+            Block { shape: unpack_shape, vals: sy.vals.clone() }.write(&q.layout_y, &mut dy, &q.unpack);
+            packed.extend_from_slice(&sy.vals);
+            out_y.push(dy);
+        }
+    }
+    (packed, out_x, out_y)
+}
+
+/// What the crate produced: the pack buffer and the destinations.
+#[derive(Debug, PartialEq)]
+struct Outcome<T> {
+    packed: Vec<u8>,
+    dst_x: Vec<Vec<T>>,
+    dst_y: Vec<Vec<T>>,
+}
+
+/// Packs and unpacks `qs` with the crate on `device`.
+fn run_crate<T: Val>(device: Device, qs: &[Quantity<T>], vector: bool) -> Outcome<T> {
+    let ex_x: Vec<HaloExchange> = qs
+        .iter()
+        .map(|q| HaloExchange::new(&q.layout_x.spec::<T>(), &q.pack, q.k, &q.unpack).unwrap())
+        .collect();
+    let ex_y: Vec<HaloExchange> = qs
+        .iter()
+        .map(|q| HaloExchange::new(&q.layout_y.spec::<T>(), &q.pack, q.k, &q.unpack).unwrap())
+        .collect();
+    let mut packer = HaloPacker::new(device, &ex_x, vector.then_some(&ex_y[..])).unwrap();
+    assert_eq!(packer.launches_per_call(), usize::from(packer.buffer_bytes() > 0));
+    let stream = packer.stream().clone();
+    let up = |v: &Vec<T>| DeviceBuffer::from_slice(&stream, v).unwrap();
+    let src_x: Vec<DeviceBuffer<T>> = qs.iter().map(|q| up(&q.src_x)).collect();
+    let src_y: Vec<DeviceBuffer<T>> = qs.iter().map(|q| up(&q.src_y)).collect();
+    let dst_x: Vec<DeviceBuffer<T>> = qs.iter().map(|q| up(&q.dst_x)).collect();
+    let dst_y: Vec<DeviceBuffer<T>> = qs.iter().map(|q| up(&q.dst_y)).collect();
+    fn refs<T: Element>(v: &[DeviceBuffer<T>]) -> Vec<&DeviceBuffer<T>> {
+        v.iter().collect()
+    }
+    let (sx, sy, dx, dy) = (refs(&src_x), refs(&src_y), refs(&dst_x), refs(&dst_y));
+    packer.pack(&sx, vector.then_some(&sy[..])).unwrap();
+    let packed = packer.pack_buffer().unwrap().to_vec(&stream).unwrap();
+    packer.copy_pack_to_unpack().unwrap();
+    packer.unpack(&dx, vector.then_some(&dy[..])).unwrap();
+    // No synchronize: reading the arrays is ordered after the unpack by their trackers.
+    let down = |v: &[DeviceBuffer<T>]| v.iter().map(|b| b.to_vec(&stream).unwrap()).collect::<Vec<_>>();
+    let out = Outcome { packed, dst_x: down(&dst_x), dst_y: if vector { down(&dst_y) } else { Vec::new() } };
+    assert!(packer.ready().unwrap());
+    out
+}
+
+/// Checks the crate against the reference on the host, and on CUDA (bit for bit equal to the
+/// host) when a device is present.
+fn check_case<T: Val>(qs: &[Quantity<T>], vector: bool) {
+    let (packed, ref_x, ref_y) = reference(qs, vector);
+    let host = run_crate(Device::Host, qs, vector);
+    assert_eq!(
+        host.packed,
+        bytemuck::cast_slice::<T, u8>(&packed),
+        "pack buffer differs from the reference: {qs:?}"
+    );
+    assert_eq!(host.dst_x, ref_x, "unpacked x arrays differ from the reference");
+    assert_eq!(host.dst_y, ref_y, "unpacked y arrays differ from the reference");
+    if Device::cuda_count() > 0 {
+        let cuda = run_crate(Device::Cuda(0), qs, vector);
+        assert_eq!(cuda, host, "CUDA and host results differ");
+    }
+}
+
+fn random_cases<T: Val>(seed: u64, cases: usize, vector: bool) {
+    let mut rng = Rng::new(seed);
+    for _ in 0..cases {
+        let n = 1 + rng.below(3);
+        let qs: Vec<Quantity<T>> = (0..n).map(|_| random_quantity(&mut rng, false)).collect();
+        check_case(&qs, vector);
+    }
+}
+
+// ---- scalar and vector quantities ------------------------------------------------------------
+
+#[test]
+fn scalar_f64_random_layouts() {
+    random_cases::<f64>(1, 150, false);
+}
+
+#[test]
+fn scalar_f32_random_layouts() {
+    random_cases::<f32>(2, 150, false);
+}
+
+#[test]
+fn scalar_i32_random_layouts() {
+    random_cases::<i32>(3, 100, false);
+}
+
+#[test]
+fn scalar_u8_random_layouts() {
+    random_cases::<u8>(4, 100, false);
+}
+
+#[test]
+fn scalar_raw_12_byte_random_layouts() {
+    random_cases::<[u8; 12]>(5, 100, false);
+}
+
+#[test]
+fn vector_f64_random_layouts() {
+    random_cases::<f64>(6, 150, true);
+}
+
+#[test]
+fn vector_f32_random_layouts() {
+    random_cases::<f32>(7, 150, true);
+}
+
+#[test]
+fn vector_i32_random_layouts() {
+    random_cases::<i32>(8, 100, true);
+}
+
+/// Every rotation of a 3 x 4 non-square block, scalar and vector, one by one.
+#[test]
+fn every_rotation_of_a_non_square_block() {
+    let mut rng = Rng::new(9);
+    for k in 0..4u32 {
+        for vector in [false, true] {
+            let layout = Layout { shape: vec![2, 6, 7], strides: vec![64, 9, 1], x: Some(2), y: Some(1) };
+            let fill = |rng: &mut Rng| (0..layout.required()).map(|_| f64::random(rng)).collect::<Vec<_>>();
+            let unpack = if k % 2 == 1 { vec![0..2, 2..6, 1..4] } else { vec![0..2, 1..4, 3..7] };
+            let q = Quantity {
+                layout_x: layout.clone(),
+                layout_y: layout.clone(),
+                src_x: fill(&mut rng),
+                src_y: fill(&mut rng),
+                dst_x: fill(&mut rng),
+                dst_y: fill(&mut rng),
+                pack: vec![0..2, 2..5, 1..5],
+                unpack,
+                k,
+            };
+            check_case(&[q], vector);
+        }
+    }
+}
+
+/// The reference itself, checked on numbers worked out by hand: a 3 (x) by 2 (y) block
+/// stored as (y, x), values 10 y + x.
+#[test]
+fn the_reference_turns_clockwise() {
+    let b = Block { shape: vec![2, 3], vals: vec![0.0f64, 1.0, 2.0, 10.0, 11.0, 12.0] };
+    // Clockwise: the west column (x = 0: 0 at the south, 10 at the north) becomes the north
+    // row read west to east as 0, 10; the result is 2 (x) by 3 (y).
+    let r = b.rotate(Some(1), Some(0), 1);
+    assert_eq!(r.shape, vec![3, 2]);
+    assert_eq!(r.vals, vec![2.0, 12.0, 1.0, 11.0, 0.0, 10.0]);
+    assert_eq!(b.rotate(Some(1), Some(0), 2).vals, vec![12.0, 11.0, 10.0, 2.0, 1.0, 0.0]);
+    assert_eq!(b.rotate(Some(1), Some(0), 3).vals, vec![10.0, 0.0, 11.0, 1.0, 12.0, 2.0]);
+    assert_eq!(b.rotate(Some(1), Some(0), 4).vals, b.vals);
+}
+
+/// Lone-axis arrays: the x-only array flips at k = 1, 2; the y-only one at k = 2, 3.
+#[test]
+fn lone_axis_arrays_flip_like_numpy() {
+    let stream = Stream::new(Device::Host).unwrap();
+    let data: Vec<i32> = (0..8).collect(); // (z, h) = (2, 4), h the lone axis
+    for (dims, flips) in [
+        (HorizontalDims::x_only(1), [false, true, true, false]),
+        (HorizontalDims::y_only(1), [false, false, true, true]),
+    ] {
+        let spec = HaloSpec::contiguous(ElementType::I32, &[2, 4], dims).unwrap();
+        for k in 0..4u32 {
+            let ex = HaloExchange::new(&spec, &[0..2, 0..3], k, &[0..2, 1..4]).unwrap();
+            let mut packer = HaloPacker::new(Device::Host, &[ex], None).unwrap();
+            let a = DeviceBuffer::from_slice(&stream, &data).unwrap();
+            packer.pack(&[&a], None).unwrap();
+            let packed: Vec<i32> = from_bytes(&packer.pack_buffer().unwrap().to_vec(&stream).unwrap());
+            let expect = if flips[k as usize] { vec![2, 1, 0, 6, 5, 4] } else { vec![0, 1, 2, 4, 5, 6] };
+            assert_eq!(packed, expect, "{dims:?} k={k}");
+        }
+    }
+}
+
+/// Several quantities in one buffer, mixed layouts, in the given order; slots report it.
+#[test]
+fn slots_follow_the_pack_order() {
+    let mut rng = Rng::new(10);
+    let qs: Vec<Quantity<f32>> = (0..4).map(|_| random_quantity(&mut rng, true)).collect();
+    let ex: Vec<HaloExchange> = qs
+        .iter()
+        .map(|q| HaloExchange::new(&q.layout_x.spec::<f32>(), &q.pack, q.k, &q.unpack).unwrap())
+        .collect();
+    let packer = HaloPacker::new(Device::Host, &ex, Some(&ex)).unwrap();
+    let mut offset = 0;
+    for (i, slot) in packer.slots().iter().enumerate() {
+        assert_eq!(
+            (slot.quantity, slot.component),
+            (i / 2, if i % 2 == 0 { Component::X } else { Component::Y })
+        );
+        assert_eq!(slot.offset, offset);
+        assert_eq!(slot.bytes, ex[i / 2].elements() * 4);
+        offset += slot.bytes;
+    }
+    assert_eq!(packer.buffer_bytes(), offset);
+    check_case(&qs, true);
+}
+
+/// More than 4 MiB: the host splits the work over threads, rows cut in the middle included.
+#[test]
+fn large_exchange_uses_threads_and_stays_exact() {
+    let mut rng = Rng::new(11);
+    let layout =
+        Layout { shape: vec![20, 150, 151], strides: vec![152 * 151, 152, 1], x: Some(2), y: Some(1) };
+    let fill = |rng: &mut Rng| (0..layout.required()).map(|_| f64::random(rng)).collect::<Vec<_>>();
+    let mut qs = Vec::new();
+    for k in [0u32, 1] {
+        let unpack = if k == 1 { vec![0..20, 3..150, 0..150] } else { vec![0..20, 0..150, 1..148] };
+        qs.push(Quantity {
+            layout_x: layout.clone(),
+            layout_y: layout.clone(),
+            src_x: fill(&mut rng),
+            src_y: fill(&mut rng),
+            dst_x: fill(&mut rng),
+            dst_y: fill(&mut rng),
+            pack: vec![0..20, 0..150, 2..149],
+            unpack,
+            k,
+        });
+    }
+    check_case(&qs, false);
+    check_case(&qs, true);
+}
+
+// ---- the seed baseline -----------------------------------------------------------------------
+
+/// The seed strategy (index arrays, one gather per exchange) packs the same bytes.
+#[test]
+fn seed_baseline_packs_the_same_bytes() {
+    let mut rng = Rng::new(12);
+    for _ in 0..30 {
+        let qs: Vec<Quantity<f64>> = (0..3).map(|_| random_quantity(&mut rng, false)).collect();
+        let (packed, _, _) = reference(&qs, false);
+        let ex: Vec<HaloExchange> = qs
+            .iter()
+            .map(|q| HaloExchange::new(&q.layout_x.spec::<f64>(), &q.pack, q.k, &q.unpack).unwrap())
+            .collect();
+        let mut devices = vec![Device::Host];
+        if Device::cuda_count() > 0 {
+            devices.push(Device::Cuda(0));
+        }
+        for device in devices {
+            let stream = Stream::new(device).unwrap();
+            let mut seed = SeedBaseline::new(&stream, &ex).unwrap();
+            let src: Vec<DeviceBuffer<f64>> =
+                qs.iter().map(|q| DeviceBuffer::from_slice(&stream, &q.src_x).unwrap()).collect();
+            seed.pack(&src.iter().collect::<Vec<_>>()).unwrap();
+            assert_eq!(
+                seed.packed().unwrap().to_vec(&stream).unwrap(),
+                bytemuck::cast_slice::<f64, u8>(&packed)
+            );
+        }
+    }
+}
+
+// ---- errors ----------------------------------------------------------------------------------
+
+fn assert_invalid<T: std::fmt::Debug>(r: Result<T, Error>, what: &str) {
+    match r {
+        Err(Error::InvalidArgument { .. }) => {}
+        other => panic!("{what}: expected InvalidArgument, got {other:?}"),
+    }
+}
+
+#[test]
+fn bad_specs_are_invalid_arguments() {
+    let xy = HorizontalDims::xy(0, 1);
+    assert_invalid(HaloSpec::new(ElementType::F64, &[], &[], HorizontalDims::none()), "no dims");
+    assert_invalid(HaloSpec::new(ElementType::F64, &[2; 7], &[1; 7], xy), "7 dims");
+    assert_invalid(HaloSpec::new(ElementType::F64, &[2, 2], &[1], xy), "stride count");
+    assert_invalid(
+        HaloSpec::new(ElementType::F64, &[2, 2], &[2, 1], HorizontalDims::xy(0, 2)),
+        "y out of range",
+    );
+    assert_invalid(HaloSpec::new(ElementType::F64, &[2, 2], &[2, 1], HorizontalDims::xy(1, 1)), "x == y");
+    assert_invalid(HaloSpec::new(ElementType::F64, &[4, 4], &[1, 1], xy), "overlapping dims");
+    assert_invalid(HaloSpec::new(ElementType::F64, &[4, 4], &[3, 1], xy), "rows overlap");
+    assert_invalid(HaloSpec::new(ElementType::F64, &[4, 1], &[0, 1], xy), "zero stride");
+    assert_invalid(HaloSpec::new(ElementType::Raw { size: 0 }, &[2], &[1], xy), "raw size 0");
+    assert_invalid(HaloSpec::new(ElementType::F64, &[usize::MAX, 2], &[2, 1], xy), "overflow");
+    assert!(HaloSpec::new(ElementType::F64, &[4, 1], &[1, 1], xy).is_ok(), "1-wide dims may share strides");
+
+    let spec = HaloSpec::contiguous(ElementType::F64, &[6, 5], xy).unwrap();
+    assert_invalid(HaloExchange::new(&spec, &[0..1], 0, &[0..1, 0..1]), "pack range count");
+    assert_invalid(HaloExchange::new(&spec, &[0..1, 0..1], 0, &[0..1, 0..1, 0..1]), "unpack range count");
+    assert_invalid(HaloExchange::new(&spec, &[0..7, 0..1], 0, &[0..7, 0..1]), "outside the array");
+    #[allow(clippy::reversed_empty_ranges)]
+    let reversed = HaloExchange::new(&spec, &[3..1, 0..1], 0, &[0..2, 0..1]);
+    assert_invalid(reversed, "reversed range");
+    assert_invalid(HaloExchange::new(&spec, &[0..2, 0..3], 4, &[0..2, 0..3]), "rotation 4");
+    assert_invalid(HaloExchange::new(&spec, &[0..2, 0..3], 1, &[0..2, 0..3]), "turned shape");
+    assert_invalid(HaloExchange::new(&spec, &[0..2, 0..3], 0, &[0..3, 0..2]), "same count, other shape");
+    assert!(HaloExchange::new(&spec, &[0..2, 0..3], 3, &[0..3, 0..2]).is_ok());
+    assert!(HaloExchange::vector_component(&spec, &[0..2, 0..3], 1, &[0..2, 0..3]).is_ok());
+}
+
+#[test]
+fn bad_packers_are_invalid_arguments() {
+    let xy = HorizontalDims::xy(0, 1);
+    let f64s = HaloSpec::contiguous(ElementType::F64, &[4, 4], xy).unwrap();
+    let f32s = HaloSpec::contiguous(ElementType::F32, &[4, 4], xy).unwrap();
+    let u8s = HaloSpec::contiguous(ElementType::U8, &[4, 4], xy).unwrap();
+    let raws = HaloSpec::contiguous(ElementType::Raw { size: 8 }, &[4, 4], xy).unwrap();
+    let ex = |s: &HaloSpec, k| HaloExchange::new(s, &[0..1, 0..2], k, &[0..2, 0..1]).unwrap();
+    let (a, b) = (ex(&f64s, 1), ex(&f32s, 1));
+    assert_invalid(HaloPacker::new(Device::Host, &[a.clone(), b], None), "mixed element types");
+    assert_invalid(HaloPacker::new(Device::Host, std::slice::from_ref(&a), Some(&[])), "y list length");
+    assert_invalid(HaloPacker::new(Device::Host, &[ex(&u8s, 1)], Some(&[ex(&u8s, 1)])), "u8 vector");
+    assert_invalid(HaloPacker::new(Device::Host, &[ex(&raws, 1)], Some(&[ex(&raws, 1)])), "raw vector");
+    assert_invalid(
+        HaloPacker::new(Device::Host, &[ex(&f64s, 1)], Some(&[ex(&f64s, 3)])),
+        "rotation mismatch",
+    );
+    // Staggered components: each slot's shape is checked against the component filling it.
+    let cx = HaloExchange::vector_component(&f64s, &[0..1, 0..2], 1, &[0..1, 0..2]).unwrap();
+    let cy = HaloExchange::vector_component(&f64s, &[0..1, 0..2], 1, &[0..2, 0..1]).unwrap();
+    assert_invalid(
+        HaloPacker::new(Device::Host, std::slice::from_ref(&cx), Some(std::slice::from_ref(&cy))),
+        "slot shapes",
+    );
+    // x slot <- y pack (2 x 1) turned = 1 x 2; y slot <- x pack (1 x 2) turned = 2 x 1.
+    let cy2 = HaloExchange::vector_component(&f64s, &[0..2, 0..1], 1, &[0..2, 0..1]).unwrap();
+    assert_invalid(HaloExchange::new(&f64s, &[0..1, 0..2], 1, &[0..1, 0..2]), "x alone does not fit");
+    assert!(HaloPacker::new(Device::Host, &[cx], Some(&[cy2])).is_ok(), "staggered components fit");
+}
+
+#[test]
+fn bad_arrays_are_invalid_arguments_and_queue_nothing() {
+    let stream = Stream::new(Device::Host).unwrap();
+    let spec = HaloSpec::new(ElementType::F64, &[4, 4], &[5, 1], HorizontalDims::xy(1, 0)).unwrap();
+    let ex = HaloExchange::new(&spec, &[0..1, 0..4], 1, &[0..4, 3..4]).unwrap();
+    let mut scalar = HaloPacker::with_stream(&stream, std::slice::from_ref(&ex), None).unwrap();
+    let mut vector =
+        HaloPacker::with_stream(&stream, std::slice::from_ref(&ex), Some(std::slice::from_ref(&ex))).unwrap();
+    let good = DeviceBuffer::<f64>::zeroed(&stream, 19).unwrap();
+    let short = DeviceBuffer::<f64>::zeroed(&stream, 18).unwrap();
+    let wrong = DeviceBuffer::<f32>::zeroed(&stream, 40).unwrap();
+    let bytes = DeviceBuffer::<u8>::zeroed(&stream, 200).unwrap();
+    assert_invalid(scalar.pack(&[&good, &good], None), "two arrays, one exchange");
+    assert_invalid(scalar.pack::<f64>(&[], None), "no array");
+    assert_invalid(scalar.pack(&[&good], Some(&[&good])), "y arrays to a scalar packer");
+    assert_invalid(vector.pack(&[&good], None), "no y arrays to a vector packer");
+    assert_invalid(vector.pack(&[&good], Some(&[])), "too few y arrays");
+    assert_invalid(scalar.pack(&[&short], None), "short array");
+    assert_invalid(vector.unpack(&[&good], Some(&[&short])), "short y array");
+    assert_invalid(scalar.pack(&[&wrong], None), "f32 array for an f64 spec");
+    assert_invalid(scalar.unpack(&[&bytes], None), "u8 array for an f64 spec");
+    assert!(scalar.ready().unwrap());
+    scalar.pack(&[&good], None).unwrap();
+    vector.unpack(&[&good], Some(&[&good])).unwrap_err(); // one array, overlapping slots
+    scalar.synchronize().unwrap();
+}
+
+#[test]
+fn one_array_may_take_several_disjoint_unpack_regions() {
+    let stream = Stream::new(Device::Host).unwrap();
+    let spec = HaloSpec::contiguous(ElementType::I32, &[3, 3], HorizontalDims::xy(1, 0)).unwrap();
+    let west = HaloExchange::new(&spec, &[0..3, 0..1], 0, &[0..3, 2..3]).unwrap();
+    let east = HaloExchange::new(&spec, &[0..3, 2..3], 0, &[0..3, 0..1]).unwrap();
+    let mut packer = HaloPacker::with_stream(&stream, &[west.clone(), east], None).unwrap();
+    let a = DeviceBuffer::from_slice(&stream, &[1, 2, 3, 4, 5, 6, 7, 8, 9]).unwrap();
+    packer.pack(&[&a, &a], None).unwrap();
+    packer.copy_pack_to_unpack().unwrap();
+    packer.unpack(&[&a, &a], None).unwrap(); // swaps the west and east columns
+    assert_eq!(a.to_vec(&stream).unwrap(), vec![3, 2, 1, 6, 5, 4, 9, 8, 7]);
+    let mut twice = HaloPacker::with_stream(&stream, &[west.clone(), west], None).unwrap();
+    assert_invalid(twice.unpack(&[&a, &a], None), "overlapping unpack regions of one array");
+    let b = DeviceBuffer::<i32>::zeroed(&stream, 9).unwrap();
+    twice.unpack(&[&a, &b], None).unwrap(); // distinct arrays: fine
+    twice.synchronize().unwrap();
+}
+
+// ---- asynchrony and drops --------------------------------------------------------------------
+
+fn block_stream(stream: &Stream, ms: u64) {
+    stream.host_fn(move || std::thread::sleep(Duration::from_millis(ms))).unwrap();
+}
+
+fn one_quantity(seed: u64, shape: [usize; 3]) -> Quantity<f64> {
+    let mut rng = Rng::new(seed);
+    let layout = Layout {
+        shape: shape.to_vec(),
+        strides: vec![shape[1] * (shape[2] + 1), shape[2] + 1, 1],
+        x: Some(2),
+        y: Some(1),
+    };
+    let fill = |rng: &mut Rng| (0..layout.required()).map(|_| f64::random(rng)).collect::<Vec<_>>();
+    Quantity {
+        layout_x: layout.clone(),
+        layout_y: layout.clone(),
+        src_x: fill(&mut rng),
+        src_y: fill(&mut rng),
+        dst_x: fill(&mut rng),
+        dst_y: fill(&mut rng),
+        pack: vec![0..shape[0], 0..2, 0..shape[2]],
+        unpack: vec![0..shape[0], 0..shape[2], shape[2] - 2..shape[2]],
+        k: 3,
+    }
+}
+
+fn exchange_of(q: &Quantity<f64>) -> HaloExchange {
+    HaloExchange::new(&q.layout_x.spec::<f64>(), &q.pack, q.k, &q.unpack).unwrap()
+}
+
+/// `ready` is false while the pack waits behind slow work, and dropping the source array
+/// waits for the pack (the array is not freed under it).
+#[test]
+fn dropping_an_array_while_a_pack_is_queued_waits_for_it() {
+    let q = one_quantity(13, [3, 7, 7]);
+    let (packed, _, _) = reference(std::slice::from_ref(&q), false);
+    let stream = Stream::new(Device::Host).unwrap();
+    let mut packer = HaloPacker::with_stream(&stream, &[exchange_of(&q)], None).unwrap();
+    let a = DeviceBuffer::from_slice(&stream, &q.src_x).unwrap();
+    block_stream(&stream, 150);
+    packer.pack(&[&a], None).unwrap();
+    assert!(!packer.ready().unwrap(), "the pack cannot have run yet");
+    drop(a);
+    assert!(packer.ready().unwrap(), "dropping the array waited for the pack");
+    assert_eq!(
+        packer.pack_buffer().unwrap().to_vec(&stream).unwrap(),
+        bytemuck::cast_slice::<f64, u8>(&packed)
+    );
+}
+
+/// Dropping the packer with a pack queued does not block, and the pack still completes into
+/// its buffer, which went back to the pool: the next packer of that size receives it.
+#[test]
+fn dropping_the_packer_while_a_pack_is_queued_is_safe() {
+    let q = one_quantity(14, [7, 41, 37]); // a buffer size no other test uses
+    let (packed, _, _) = reference(std::slice::from_ref(&q), false);
+    let stream = Stream::new(Device::Host).unwrap();
+    let mut packer = HaloPacker::with_stream(&stream, &[exchange_of(&q)], None).unwrap();
+    let a = DeviceBuffer::from_slice(&stream, &q.src_x).unwrap();
+    let buffer_at = packer.pack_buffer().unwrap().as_ptr();
+    block_stream(&stream, 150);
+    packer.pack(&[&a], None).unwrap();
+    let t0 = std::time::Instant::now();
+    drop(packer);
+    assert!(t0.elapsed() < Duration::from_millis(100), "dropping the packer must not wait");
+    drop(a); // waits for the pack
+    let again = HaloPacker::with_stream(&stream, &[exchange_of(&q)], None).unwrap();
+    let (p, u) = (again.pack_buffer().unwrap(), again.unpack_buffer().unwrap());
+    let buf = [p, u].into_iter().find(|b| b.as_ptr() == buffer_at).expect("the buffer went back to the pool");
+    assert_eq!(buf.to_vec(&stream).unwrap(), bytemuck::cast_slice::<f64, u8>(&packed));
+}
+
+/// Dropping destination arrays and the packer while an unpack is queued: the arrays wait, and
+/// a read queued before the drop sees the unpacked data.
+#[test]
+fn dropping_while_an_unpack_is_queued_is_safe() {
+    let q = one_quantity(15, [4, 6, 6]);
+    let (_, ref_x, _) = reference(std::slice::from_ref(&q), false);
+    let stream = Stream::new(Device::Host).unwrap();
+    let other = Stream::new(Device::Host).unwrap();
+    let mut packer = HaloPacker::with_stream(&stream, &[exchange_of(&q)], None).unwrap();
+    let src = DeviceBuffer::from_slice(&stream, &q.src_x).unwrap();
+    let dst = DeviceBuffer::from_slice(&stream, &q.dst_x).unwrap();
+    block_stream(&stream, 100);
+    packer.pack(&[&src], None).unwrap();
+    packer.copy_pack_to_unpack().unwrap();
+    packer.unpack(&[&dst], None).unwrap();
+    drop(packer);
+    drop(src);
+    // Read on another stream: ordered after the unpack by the array's tracker.
+    assert_eq!(dst.to_vec(&other).unwrap(), ref_x[0]);
+    drop(dst);
+    stream.synchronize().unwrap();
+}
+
+/// A packer over no exchanges (or empty regions) queues nothing and hands out empty buffers.
+#[test]
+fn empty_exchange_sets_move_nothing() {
+    let mut packer = HaloPacker::new(Device::Host, &[], None).unwrap();
+    packer.pack::<f64>(&[], None).unwrap();
+    assert_eq!((packer.buffer_bytes(), packer.launches_per_call(), packer.element()), (0, 0, None));
+    assert!(packer.pack_buffer().unwrap().is_empty());
+    let spec = HaloSpec::contiguous(ElementType::F32, &[3, 3], HorizontalDims::xy(0, 1)).unwrap();
+    let ex = HaloExchange::new(&spec, &[1..1, 0..3], 1, &[0..3, 2..2]).unwrap();
+    let mut packer = HaloPacker::new(Device::Host, &[ex], None).unwrap();
+    let stream = packer.stream().clone();
+    let a = DeviceBuffer::<f32>::zeroed(&stream, 9).unwrap();
+    packer.pack(&[&a], None).unwrap();
+    packer.unpack(&[&a], None).unwrap();
+    assert_eq!(packer.buffer_bytes(), 0);
+}
+
+// ---- property test ---------------------------------------------------------------------------
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config { cases: 64, ..Default::default() })]
+
+    /// Any layout, region and rotation: pack and unpack equal the reference (vectors too).
+    #[test]
+    fn pack_and_unpack_match_the_reference(seed in proptest::prelude::any::<u64>(), vector: bool, n in 1usize..4) {
+        let mut rng = Rng::new(seed);
+        let qs: Vec<Quantity<f64>> = (0..n).map(|_| random_quantity(&mut rng, false)).collect();
+        check_case(&qs, vector);
+    }
+}
+
+// ---- CUDA-only checks ------------------------------------------------------------------------
+
+/// On a GPU: one launch per call, and arrays of another device are rejected.
+#[test]
+fn cuda_packer_checks_devices() {
+    let Some(device) = common::cuda_device() else { return };
+    let q = one_quantity(16, [3, 5, 5]);
+    let mut packer = HaloPacker::new(device, &[exchange_of(&q)], None).unwrap();
+    assert_eq!(packer.launches_per_call(), 1);
+    let host_stream = Stream::new(Device::Host).unwrap();
+    let host_array = DeviceBuffer::from_slice(&host_stream, &q.src_x).unwrap();
+    assert_invalid(packer.pack(&[&host_array], None), "a host array for a CUDA packer");
+}
