@@ -139,6 +139,8 @@ cuferry_status cuferry_cuda_fill_pattern_u32(uint32_t *data, size_t n, uint32_t 
 cuferry_status cuferry_cuda_sum_u32(const uint32_t *data, size_t n, unsigned long long *sum,
                                     cuferry_stream stream) {
   (void)data; (void)n; (void)sum; (void)stream; NB;
+}
+
 /* ---- halo pack/unpack ----------------------------------------------------------------------- */
 cuferry_status cuferry_cuda_halo_launch(int32_t device, const cuferry_halo_desc *table, int32_t n_desc,
                                    int64_t total_units, void *packed, int32_t direction,

@@ -11,28 +11,24 @@ use std::process::Command;
 use cuferry::Device;
 
 /// The folder of an up-to-date libcuferry.so: `$CUFERRY_CDYLIB_DIR` (the GPU bundle), else
-/// built here with cargo (`cargo test` builds the library only as an rlib for the tests), in
-/// the test's own profile and target dir.
+/// built here by `cargo build --lib` in its own target dir (target/cdylib): `cargo test` builds
+/// the library only as an rlib, and a nested build into the tests' own target dir could
+/// replace artifacts that later test steps (doctests) link against.
 pub fn cdylib_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("CUFERRY_CDYLIB_DIR") {
         return PathBuf::from(dir);
     }
-    // target/<profile>/deps/<test>-<hash> -> target/<profile>
-    let exe = std::env::current_exe().expect("test executable path");
-    let dir = exe.parent().and_then(Path::parent).expect("target dir").to_path_buf();
-    let mut build = Command::new(env!("CARGO"));
-    build
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let target = manifest.join("target/cdylib");
+    let status = Command::new(env!("CARGO"))
         .args(["build", "--lib", "--quiet", "--manifest-path"])
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
-    if dir.file_name().is_some_and(|n| n == "release") {
-        build.arg("--release");
-    }
-    if let Some(target) = dir.parent() {
-        build.arg("--target-dir").arg(target);
-    }
-    let status = build.status().expect("run cargo build --lib");
+        .arg(manifest.join("Cargo.toml"))
+        .arg("--target-dir")
+        .arg(&target)
+        .status()
+        .expect("run cargo build --lib");
     assert!(status.success(), "cargo build --lib failed ({status})");
-    dir
+    target.join("debug")
 }
 
 /// The folder holding include/ and tests/ (`$CUFERRY_C_SOURCES` in the GPU bundle).
