@@ -17,6 +17,11 @@
 #define CUFERRY_HOST -1
 
 /**
+ * Most dimensions of an array in the C ABI.
+ */
+#define CUFERRY_HALO_MAX_DIMS 6
+
+/**
  * Location kind: a CUDA device (`id` is its ordinal).
  */
 #define CUFERRY_LOCATION_DEVICE 1
@@ -118,9 +123,65 @@ typedef enum CuferryStatus {
 typedef struct CuferryBuffer CuferryBuffer;
 
 /**
+ * A halo packer (opaque).
+ */
+typedef struct CuferryHaloPacker CuferryHaloPacker;
+
+/**
  * A cuferry stream (opaque).
  */
 typedef struct CuferryStream CuferryStream;
+
+/**
+ * One exchange of one array: its layout, the region packed (turned `rotation` quarter turns
+ * clockwise) and the region unpacked into. Unused trailing entries of the arrays are ignored.
+ */
+typedef struct CuferryHaloExchange {
+  /**
+   * Bytes per element (1 to 64).
+   */
+  uint32_t element_size;
+  /**
+   * Number of dimensions (1 to `CUFERRY_HALO_MAX_DIMS`).
+   */
+  uint32_t ndim;
+  /**
+   * Extent of each dimension, outermost first.
+   */
+  size_t shape[CUFERRY_HALO_MAX_DIMS];
+  /**
+   * Stride of each dimension in elements; all zero means contiguous row-major.
+   */
+  size_t strides[CUFERRY_HALO_MAX_DIMS];
+  /**
+   * The horizontal x dimension, or -1 for none.
+   */
+  int32_t x_dim;
+  /**
+   * The horizontal y dimension, or -1 for none.
+   */
+  int32_t y_dim;
+  /**
+   * First index of the packed region in each dimension.
+   */
+  size_t pack_start[CUFERRY_HALO_MAX_DIMS];
+  /**
+   * One past the last index of the packed region in each dimension.
+   */
+  size_t pack_end[CUFERRY_HALO_MAX_DIMS];
+  /**
+   * Clockwise quarter turns applied when packing (0 to 3).
+   */
+  uint32_t rotation;
+  /**
+   * First index of the unpacked region in each dimension.
+   */
+  size_t unpack_start[CUFERRY_HALO_MAX_DIMS];
+  /**
+   * One past the last index of the unpacked region in each dimension.
+   */
+  size_t unpack_end[CUFERRY_HALO_MAX_DIMS];
+} CuferryHaloExchange;
 
 /**
  * Where managed pages should go: a `CUFERRY_LOCATION_*` kind and an id.
@@ -287,6 +348,94 @@ enum CuferryStatus cuferry_copy(const struct CuferryStream *stream,
                                 struct CuferryBuffer *dst,
                                 size_t dst_offset,
                                 size_t bytes);
+
+/**
+ * Creates a packer for `n` exchanges on `device` in `*out`.
+ *
+ * # Safety
+ *
+ * `exchanges` holds `n` elements; `out` is NULL or valid for writing a pointer.
+ */
+enum CuferryStatus cuferry_halo_packer_create(int32_t device,
+                                              const struct CuferryHaloExchange *exchanges,
+                                              size_t n,
+                                              struct CuferryHaloPacker **out);
+
+/**
+ * Destroys a packer (NULL is a no-op); queued work still completes.
+ *
+ * # Safety
+ *
+ * `packer` is NULL or a live packer, not used again.
+ */
+enum CuferryStatus cuferry_halo_packer_destroy(struct CuferryHaloPacker *packer);
+
+/**
+ * Queues packing every exchange's region of `arrays[i]` (one per exchange) into the pack
+ * buffer.
+ *
+ * # Safety
+ *
+ * `packer` is NULL or live; `arrays` holds `n` live device-buffer handles, untouched by C until
+ * the pack finished.
+ */
+enum CuferryStatus cuferry_halo_pack(struct CuferryHaloPacker *packer,
+                                     const struct CuferryBuffer *const *arrays,
+                                     size_t n);
+
+/**
+ * Queues unpacking the unpack buffer into every exchange's unpack region of `arrays[i]`.
+ *
+ * # Safety
+ *
+ * As `cuferry_halo_pack`.
+ */
+enum CuferryStatus cuferry_halo_unpack(struct CuferryHaloPacker *packer,
+                                       const struct CuferryBuffer *const *arrays,
+                                       size_t n);
+
+/**
+ * Waits for the packer's queued work.
+ *
+ * # Safety
+ *
+ * `packer` is NULL or live.
+ */
+enum CuferryStatus cuferry_halo_synchronize(const struct CuferryHaloPacker *packer);
+
+/**
+ * Waits, then gives the pack buffer's device address and size in bytes.
+ *
+ * # Safety
+ *
+ * `packer` is NULL or live; `ptr` and `bytes` are NULL or writable.
+ */
+enum CuferryStatus cuferry_halo_pack_buffer(const struct CuferryHaloPacker *packer,
+                                            void **ptr,
+                                            size_t *bytes);
+
+/**
+ * Copies the pack buffer into the unpack buffer (a loopback exchange, for tests and single
+ * processes) on the packer's stream.
+ *
+ * # Safety
+ *
+ * `packer` is NULL or live.
+ */
+enum CuferryStatus cuferry_halo_loopback(struct CuferryHaloPacker *packer);
+
+/**
+ * Waits, then gives the unpack buffer's device address and size, for the caller to fill
+ * (e.g. received over MPI) before `cuferry_halo_unpack`.
+ *
+ * # Safety
+ *
+ * `packer` is NULL or live; `ptr` and `bytes` are NULL or writable; the caller writes the
+ * buffer only before queueing the unpack.
+ */
+enum CuferryStatus cuferry_halo_unpack_buffer(struct CuferryHaloPacker *packer,
+                                              void **ptr,
+                                              size_t *bytes);
 
 /**
  * Allocates `size` bytes of managed memory for `device`, in order on `stream`

@@ -2,7 +2,7 @@
 //! operator and for composed ones (f64 and Complex<f64>), ToDevice between host "devices"
 //! (and CUDA when present), and the errors for bad graphs.
 
-#[path = "linop_common.rs"]
+#[path = "linop_common/mod.rs"]
 mod util;
 
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! host "devices" (each spec with its own streams), nested specs; the dot test on batched
 //! operators; and the errors for bad batch sizes and device matrices.
 
-#[path = "linop_common.rs"]
+#[path = "linop_common/mod.rs"]
 mod util;
 
 use std::sync::Arc;

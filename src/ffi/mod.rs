@@ -14,8 +14,10 @@
 //!   `cuferry_buffer_free` waits for queued copies before freeing. The raw pointer of a pinned
 //!   buffer may be read or written by C only after `cuferry_buffer_synchronize`.
 
+mod halo;
 mod managed;
 
+pub use halo::*;
 pub use managed::*;
 
 use std::cell::RefCell;
@@ -80,10 +82,10 @@ pub struct CuferryStream {
 
 /// A cuferry buffer: pinned host memory or device memory (opaque).
 pub struct CuferryBuffer {
-    memory: BufferMemory,
+    pub(crate) memory: BufferMemory,
 }
 
-enum BufferMemory {
+pub(crate) enum BufferMemory {
     Pinned(PinnedBuffer<u8>),
     Device(DeviceBuffer<u8>),
 }
@@ -127,7 +129,7 @@ pub(crate) fn device_of(device: i32) -> Result<Device> {
 /// # Safety
 ///
 /// 1. `ptr` is NULL or a live handle made by this library (not yet destroyed).
-unsafe fn handle<'a, T>(ptr: *const T, what: &str) -> Result<&'a T> {
+pub(crate) unsafe fn handle<'a, T>(ptr: *const T, what: &str) -> Result<&'a T> {
     // SAFETY: precondition 1: non-NULL pointers are live handles.
     unsafe { ptr.as_ref() }.ok_or_else(|| Error::invalid(format!("{what} is NULL")))
 }

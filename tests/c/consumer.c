@@ -115,6 +115,57 @@ int main(int argc, char **argv) {
   CHECK(cuferry_managed_malloc(-5, device, NULL) == NULL);
   CHECK(strlen(cuferry_last_error_message()) > 0);
 
+  /* A halo: a 6 x 6 array of doubles (y, x) with a halo of 1; its east interior column is
+   * packed and unpacked (loopback) into its west halo column. */
+  {
+    enum { W = 6 };
+    CuferryHaloExchange ex;
+    memset(&ex, 0, sizeof ex);
+    ex.element_size = sizeof(double);
+    ex.ndim = 2;
+    ex.shape[0] = W;
+    ex.shape[1] = W;
+    ex.y_dim = 0;
+    ex.x_dim = 1;
+    ex.pack_start[0] = 1; ex.pack_end[0] = W - 1; ex.pack_start[1] = W - 2; ex.pack_end[1] = W - 1;
+    ex.unpack_start[0] = 1; ex.unpack_end[0] = W - 1; ex.unpack_start[1] = 0; ex.unpack_end[1] = 1;
+    CuferryHaloPacker *packer = NULL;
+    OK(cuferry_halo_packer_create(device, &ex, 1, &packer));
+    CuferryBuffer *host_grid = NULL, *grid = NULL;
+    OK(cuferry_pinned_alloc(device, W * W * sizeof(double), &host_grid));
+    OK(cuferry_device_alloc(stream, W * W * sizeof(double), &grid));
+    if (packer && host_grid && grid) {
+      double *h = (double *)cuferry_buffer_ptr(host_grid);
+      OK(cuferry_buffer_synchronize(host_grid));
+      for (int i = 0; i < W * W; i++) h[i] = 100.0 + i;
+      OK(cuferry_copy(stream, host_grid, 0, grid, 0, W * W * sizeof(double)));
+      const CuferryBuffer *arrays[1] = {grid};
+      OK(cuferry_halo_pack(packer, arrays, 1));
+      void *packed = NULL;
+      size_t packed_bytes = 0;
+      OK(cuferry_halo_pack_buffer(packer, &packed, &packed_bytes));
+      CHECK(packed != NULL && packed_bytes == (W - 2) * sizeof(double));
+      OK(cuferry_halo_loopback(packer));
+      OK(cuferry_halo_unpack(packer, arrays, 1));
+      OK(cuferry_halo_synchronize(packer));
+      OK(cuferry_copy(stream, grid, 0, host_grid, 0, W * W * sizeof(double)));
+      OK(cuferry_buffer_synchronize(host_grid));
+      for (int y = 1; y < W - 1; y++) CHECK(h[y * W + 0] == 100.0 + y * W + (W - 2));
+      CHECK(h[0] == 100.0 && h[(W - 1) * W] == 100.0 + (W - 1) * W); /* halo corners untouched */
+      /* Bad arguments: a pinned buffer, a wrong count, a bad description. */
+      const CuferryBuffer *pinned_arrays[1] = {host_grid};
+      CHECK(cuferry_halo_pack(packer, pinned_arrays, 1) == CUFERRY_STATUS_INVALID_ARGUMENT);
+      CHECK(cuferry_halo_pack(packer, arrays, 0) == CUFERRY_STATUS_INVALID_ARGUMENT);
+      CuferryHaloExchange bad = ex;
+      bad.pack_end[1] = W + 3;
+      CuferryHaloPacker *none = NULL;
+      CHECK(cuferry_halo_packer_create(device, &bad, 1, &none) == CUFERRY_STATUS_INVALID_ARGUMENT && none == NULL);
+    }
+    OK(cuferry_halo_packer_destroy(packer));
+    OK(cuferry_buffer_free(host_grid));
+    OK(cuferry_buffer_free(grid));
+  }
+
   /* Frees wait for queued copies; NULL frees are no-ops. */
   OK(cuferry_copy(stream, src, 0, dev1, 0, n));
   OK(cuferry_buffer_free(src));

@@ -8,6 +8,7 @@
 //! - Without a GPU the same sections run on the host backend, against memcpy.
 
 mod copies;
+mod halo;
 mod managed;
 mod measure;
 mod plot;
@@ -29,6 +30,8 @@ pub enum Section {
     Ring,
     /// Managed memory: pool allocation, prefetch, bulk, migration, advice.
     Managed,
+    /// Halo pack: one launch against the seed's strategy and a same-bytes copy.
+    Halo,
 }
 
 /// Options of `cuferry bench`.
@@ -73,7 +76,7 @@ pub fn run(args: &BenchArgs) -> ExitCode {
         }
     };
     let sections = if args.section.is_empty() {
-        vec![Section::Copy, Section::Ring, Section::Managed]
+        vec![Section::Copy, Section::Ring, Section::Managed, Section::Halo]
     } else {
         args.section.clone()
     };
@@ -93,6 +96,7 @@ pub fn run(args: &BenchArgs) -> ExitCode {
             Section::Copy => copies::run(device, args.quick),
             Section::Ring => ring::run(device, args.quick),
             Section::Managed => managed::run(device, args.quick),
+            Section::Halo => halo::run(device, args.quick),
         };
         match result {
             Ok(mut r) => rows.append(&mut r),

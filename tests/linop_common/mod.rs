@@ -2,7 +2,7 @@
 //! empty). References here are independent of the crate: inner products and random data.
 #![allow(dead_code, unused_imports)]
 
-#[path = "common/mod.rs"]
+#[path = "../common/mod.rs"]
 mod common;
 
 pub use common::{cuda_device, two_cuda_devices, Rng};

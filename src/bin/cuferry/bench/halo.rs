@@ -1,0 +1,125 @@
+//! The halo section: packing 1, 4 and 10 arrays of 48 x 48 x 79 f64 with a halo of 3 (all
+//! edges, x-faces only, y-faces only, and the 10-array edges turned a quarter), and 4 arrays
+//! of 384^2 x 79 (1536^2 x 79 too, without --quick, on CUDA). Per case, in one run: the packer
+//! (launches per call, time), the seed's strategy (an index array per array per edge, one
+//! launch or gather each), and a copy of the same bytes (D2D on CUDA, memcpy on the host).
+//! Arrays are stored (z, y, x), x contiguous.
+
+use cuferry::halo::baseline::SeedBaseline;
+use cuferry::halo::{ElementType, HaloExchange, HaloPacker, HaloSpec, HorizontalDims};
+use cuferry::{copy, Device, DeviceBuffer, Result, Stream};
+
+use super::measure::{gbps, median_device_secs};
+use super::report::Row;
+
+const HALO: usize = 3;
+const LEVELS: usize = 79;
+
+/// One case: a spec, the exchanges of every array, and the number of arrays.
+struct Case {
+    name: String,
+    spec: HaloSpec,
+    exchanges: Vec<HaloExchange>,
+    arrays: usize,
+}
+
+/// `arrays` tiles of n x n x LEVELS (plus halo); `faces`: "edges", "x-faces" or "y-faces";
+/// `turned`: each strip turned a quarter clockwise into the next side's halo.
+fn case(n: usize, arrays: usize, faces: &str, turned: bool) -> Result<Case> {
+    let w = n + 2 * HALO;
+    let spec = HaloSpec::contiguous(ElementType::F64, &[LEVELS, w, w], HorizontalDims::xy(2, 1))?;
+    let (lo, hi, mid) = (HALO..2 * HALO, n..n + HALO, HALO..HALO + n);
+    let (halo_lo, halo_hi) = (0..HALO, n + HALO..w);
+    // (pack y, pack x, unpack y, unpack x): each edge into the opposite halo.
+    let x_faces = [
+        (mid.clone(), lo.clone(), mid.clone(), halo_hi.clone()),
+        (mid.clone(), hi.clone(), mid.clone(), halo_lo.clone()),
+    ];
+    let y_faces = [(lo, mid.clone(), halo_hi, mid.clone()), (hi, mid.clone(), halo_lo.clone(), mid.clone())];
+    let edges: Vec<_> = match faces {
+        "x-faces" => x_faces.to_vec(),
+        "y-faces" => y_faces.to_vec(),
+        _ => x_faces.iter().chain(&y_faces).cloned().collect(),
+    };
+    let z = 0..LEVELS;
+    let mut per_array = Vec::new();
+    for (py, px, uy, ux) in edges {
+        let (rotation, uy, ux) = if turned {
+            // A quarter turn swaps the strip's extents.
+            if px.len() == HALO {
+                (1, halo_lo.clone(), mid.clone())
+            } else {
+                (1, mid.clone(), halo_lo.clone())
+            }
+        } else {
+            (0, uy, ux)
+        };
+        per_array.push(HaloExchange::new(&spec, &[z.clone(), py, px], rotation, &[z.clone(), uy, ux])?);
+    }
+    let exchanges = (0..arrays).flat_map(|_| per_array.iter().cloned()).collect();
+    let name = format!("{arrays} x {n}^2 x {LEVELS}, {faces}{}", if turned { ", turned" } else { "" });
+    Ok(Case { name, spec, exchanges, arrays })
+}
+
+fn cases(device: Device, quick: bool) -> Result<Vec<Case>> {
+    let mut out = Vec::new();
+    for arrays in [1, 4, 10] {
+        for faces in ["edges", "x-faces", "y-faces"] {
+            out.push(case(48, arrays, faces, false)?);
+        }
+    }
+    out.push(case(48, 10, "edges", true)?);
+    for faces in ["edges", "x-faces", "y-faces"] {
+        out.push(case(384, 4, faces, false)?);
+    }
+    if !quick && !device.is_host() {
+        out.push(case(1536, 1, "edges", false)?);
+    }
+    Ok(out)
+}
+
+/// Runs the section and returns its rows.
+pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
+    let stream = Stream::new(device)?;
+    let mut rows = Vec::new();
+    let repeats = if quick { 10 } else { 30 };
+    for c in cases(device, quick)? {
+        let len = c.spec.required_len();
+        let arrays: Vec<DeviceBuffer<f64>> = (0..c.arrays)
+            .map(|a| {
+                let data: Vec<f64> = (0..len).map(|i| (i * 7 + a) as f64).collect();
+                DeviceBuffer::from_slice(&stream, &data)
+            })
+            .collect::<Result<_>>()?;
+        let per = c.exchanges.len() / c.arrays;
+        let list: Vec<&DeviceBuffer<f64>> = (0..c.exchanges.len()).map(|i| &arrays[i / per]).collect();
+
+        let mut packer = HaloPacker::with_stream(&stream, &c.exchanges, None)?;
+        let bytes = packer.buffer_bytes();
+        let pack = median_device_secs(&stream, repeats, || packer.pack(&list, None))?;
+        let mut seed = SeedBaseline::new(&stream, &c.exchanges)?;
+        let seed_secs = median_device_secs(&stream, repeats, || seed.pack(&list))?;
+        let src = DeviceBuffer::<u8>::zeroed(&stream, bytes)?;
+        let mut dst = DeviceBuffer::<u8>::zeroed(&stream, bytes)?;
+        let same_bytes = median_device_secs(&stream, repeats, || copy(&stream, &src, &mut dst).map(drop))?;
+        let copy_name = if device.is_host() { "memcpy same bytes" } else { "D2D same bytes" };
+        rows.push(Row {
+            section: "halo",
+            case: c.name.clone(),
+            bytes,
+            params: format!(
+                "{} launch(es), {:.1} us; seed: {} launches, {:.1} us ({:.1}x)",
+                packer.launches_per_call(),
+                pack * 1e6,
+                seed.launches_per_pack(),
+                seed_secs * 1e6,
+                seed_secs / pack
+            ),
+            value: gbps(bytes, pack),
+            unit: "GB/s",
+            ceiling: Some((copy_name.into(), gbps(bytes, same_bytes))),
+            baseline: Some(("seed strategy".into(), gbps(bytes, seed_secs))),
+        });
+    }
+    Ok(rows)
+}
