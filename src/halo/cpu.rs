@@ -285,7 +285,19 @@ impl<F> RowCopy<F> {
         // SAFETY: precondition 1.
         unsafe {
             if self.memcpy {
-                std::ptr::copy_nonoverlapping(s, d, n);
+                // Short rows (x-faces are 3 atoms) go through fixed-size copies the compiler
+                // inlines: a `memcpy` call per 24-byte row costs more than the copy.
+                match n {
+                    1 => std::ptr::copy_nonoverlapping(s, d, 1),
+                    2 => std::ptr::copy_nonoverlapping(s, d, 2),
+                    3 => std::ptr::copy_nonoverlapping(s, d, 3),
+                    4 => std::ptr::copy_nonoverlapping(s, d, 4),
+                    5 => std::ptr::copy_nonoverlapping(s, d, 5),
+                    6 => std::ptr::copy_nonoverlapping(s, d, 6),
+                    7 => std::ptr::copy_nonoverlapping(s, d, 7),
+                    8 => std::ptr::copy_nonoverlapping(s, d, 8),
+                    _ => std::ptr::copy_nonoverlapping(s, d, n),
+                }
                 return;
             }
             let (ss, ds) = (self.ss, self.ds);
