@@ -5,7 +5,8 @@
 #
 #   run.sh              all tests, then `cuferry info`
 #   run.sh --sanitize   also compute-sanitizer memcheck, racecheck and synccheck over each test
-#   run.sh --bench      also every bench executable
+#   run.sh --bench      also `cuferry bench` (table in the log, bench.json and bench.svg beside
+#                       the logs) and every criterion bench executable
 #
 # Logs go to $OUT/logs when OUT is set (the device tool brings $OUT back), else ./logs. The
 # last lines printed are a pass/fail table; the exit code is non-zero when anything failed.
@@ -51,9 +52,11 @@ if [ "$sanitize" = 1 ]; then
   done
 fi
 if [ "$bench" = 1 ]; then
+  out=${OUT:-$here}
+  run "cuferry bench" "$here/bin/cuferry" bench --json "$out/bench.json" --plot "$out/bench.svg"
   for b in "$here"/benches/*; do
     [ -e "$b" ] || continue
-    run "bench:$(basename "$b")" "$b" --bench
+    run "bench:$(basename "$b")" "$b" --bench --warm-up-time 1 --measurement-time 2
   done
 fi
 
