@@ -100,21 +100,18 @@ cuferry_status cuferry_cuda_mem_prefetch_async(const void *ptr, size_t bytes, cu
   return cf_check(cudaMemPrefetchAsync(ptr, bytes, cf_location(location), 0, cf_stream(stream)));
 }
 
-// Converts up to `n` locations into a caller-provided array of cudaMemLocation.
-static cuferry_status cf_locations(const cuferry_location *in, size_t n, cudaMemLocation *out) {
-  for (size_t i = 0; i < n; ++i) {
-    out[i] = cf_location(in[i]);
-  }
-  return CUFERRY_STATUS_SUCCESS;
-}
-
 // Location tables of batched calls live on the stack up to this many entries.
 #define CF_MAX_BATCH_LOCATIONS 64
 
-cuferry_status cuferry_cuda_mem_prefetch_batch_async(void **ptrs, size_t *sizes, size_t count,
-                                                     cuferry_location *locations,
-                                                     size_t *location_starts, size_t n_locations,
-                                                     cuferry_stream stream) {
+// The prefetch function a batch goes to: cudaMemPrefetchBatchAsync or, when discarding first,
+// cudaMemDiscardAndPrefetchBatchAsync (same parameters).
+typedef cudaError_t (*cf_batch_prefetch_fn)(void **, size_t *, size_t, cudaMemLocation *, size_t *, size_t,
+                                            unsigned long long, cudaStream_t);
+
+// Checks a batch's arguments, converts its locations and runs `fn` on it.
+static cuferry_status cf_prefetch_batch(cf_batch_prefetch_fn fn, void **ptrs, size_t *sizes, size_t count,
+                                        cuferry_location *locations, size_t *location_starts,
+                                        size_t n_locations, cuferry_stream stream) {
   CF_REQUIRE(ptrs);
   CF_REQUIRE(sizes);
   CF_REQUIRE(locations);
@@ -123,9 +120,18 @@ cuferry_status cuferry_cuda_mem_prefetch_batch_async(void **ptrs, size_t *sizes,
     return CUFERRY_STATUS_BAD_ENUM;
   }
   cudaMemLocation locs[CF_MAX_BATCH_LOCATIONS];
-  cf_locations(locations, n_locations, locs);
-  return cf_check(cudaMemPrefetchBatchAsync(ptrs, sizes, count, locs, location_starts, n_locations, 0,
-                                            cf_stream(stream)));
+  for (size_t i = 0; i < n_locations; ++i) {
+    locs[i] = cf_location(locations[i]);
+  }
+  return cf_check(fn(ptrs, sizes, count, locs, location_starts, n_locations, 0, cf_stream(stream)));
+}
+
+cuferry_status cuferry_cuda_mem_prefetch_batch_async(void **ptrs, size_t *sizes, size_t count,
+                                                     cuferry_location *locations,
+                                                     size_t *location_starts, size_t n_locations,
+                                                     cuferry_stream stream) {
+  return cf_prefetch_batch(cudaMemPrefetchBatchAsync, ptrs, sizes, count, locations, location_starts,
+                           n_locations, stream);
 }
 
 cuferry_status cuferry_cuda_mem_discard_batch_async(void **ptrs, size_t *sizes, size_t count,
@@ -140,17 +146,8 @@ cuferry_status cuferry_cuda_mem_discard_and_prefetch_batch_async(void **ptrs, si
                                                                  size_t *location_starts,
                                                                  size_t n_locations,
                                                                  cuferry_stream stream) {
-  CF_REQUIRE(ptrs);
-  CF_REQUIRE(sizes);
-  CF_REQUIRE(locations);
-  CF_REQUIRE(location_starts);
-  if (n_locations == 0 || n_locations > CF_MAX_BATCH_LOCATIONS || n_locations > count) {
-    return CUFERRY_STATUS_BAD_ENUM;
-  }
-  cudaMemLocation locs[CF_MAX_BATCH_LOCATIONS];
-  cf_locations(locations, n_locations, locs);
-  return cf_check(cudaMemDiscardAndPrefetchBatchAsync(ptrs, sizes, count, locs, location_starts,
-                                                      n_locations, 0, cf_stream(stream)));
+  return cf_prefetch_batch(cudaMemDiscardAndPrefetchBatchAsync, ptrs, sizes, count, locations,
+                           location_starts, n_locations, stream);
 }
 
 cuferry_status cuferry_cuda_mem_advise_ranges(void **ptrs, size_t *sizes, size_t count, int32_t advice,

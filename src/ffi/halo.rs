@@ -169,6 +169,26 @@ unsafe fn device_buffers<'a>(
         .collect()
 }
 
+/// Runs `op` on a packer and the device buffers behind `n` handles.
+///
+/// # Safety
+///
+/// `packer` is NULL or live; `arrays` holds `n` handles, each NULL or live.
+unsafe fn with_arrays(
+    packer: *mut CuferryHaloPacker,
+    arrays: *const *const CuferryBuffer,
+    n: usize,
+    op: impl FnOnce(&mut HaloPacker, &[&DeviceBuffer<u8>]) -> Result<()>,
+) -> CuferryStatus {
+    guard(|| {
+        // SAFETY: the caller's contract on the handles.
+        let (p, list) = unsafe {
+            (packer.as_mut().ok_or_else(|| Error::invalid("packer is NULL"))?, device_buffers(arrays, n)?)
+        };
+        op(&mut p.packer, &list)
+    })
+}
+
 /// Queues packing every exchange's region of `arrays[i]` (one per exchange) into the pack
 /// buffer.
 ///
@@ -182,13 +202,8 @@ pub unsafe extern "C" fn cuferry_halo_pack(
     arrays: *const *const CuferryBuffer,
     n: usize,
 ) -> CuferryStatus {
-    guard(|| {
-        // SAFETY: the caller's contract on the handles.
-        let (p, list) = unsafe {
-            (packer.as_mut().ok_or_else(|| Error::invalid("packer is NULL"))?, device_buffers(arrays, n)?)
-        };
-        p.packer.pack(&list, None)
-    })
+    // SAFETY: the caller's contract, passed on.
+    unsafe { with_arrays(packer, arrays, n, |p, list| p.pack(list, None)) }
 }
 
 /// Queues unpacking the unpack buffer into every exchange's unpack region of `arrays[i]`.
@@ -202,13 +217,8 @@ pub unsafe extern "C" fn cuferry_halo_unpack(
     arrays: *const *const CuferryBuffer,
     n: usize,
 ) -> CuferryStatus {
-    guard(|| {
-        // SAFETY: the caller's contract on the handles.
-        let (p, list) = unsafe {
-            (packer.as_mut().ok_or_else(|| Error::invalid("packer is NULL"))?, device_buffers(arrays, n)?)
-        };
-        p.packer.unpack(&list, None)
-    })
+    // SAFETY: the caller's contract, passed on.
+    unsafe { with_arrays(packer, arrays, n, |p, list| p.unpack(list, None)) }
 }
 
 /// Waits for the packer's queued work.
