@@ -253,8 +253,8 @@ cuferry_status cuferry_cuda_mem_discard_and_prefetch_batch_async(void **ptrs, si
  *  failure. */
 cuferry_status cuferry_cuda_mem_advise_ranges(void **ptrs, size_t *sizes, size_t count, int32_t advice,
                                               cuferry_location location);
-/** Test and benchmark kernels: data[i] = seed * 2654435761 + i (mod 2^32), and the 64-bit sum
- *  of data[0..n) into the device (or managed) word `*sum`. One launch each, errors checked. */
+/** Test and benchmark kernels: `data[i] = seed * 2654435761 + i` (mod 2^32), and the 64-bit sum
+ *  of `data[0..n)` into the device (or managed) word `*sum`. One launch each, errors checked. */
 cuferry_status cuferry_cuda_fill_pattern_u32(uint32_t *data, size_t n, uint32_t seed,
                                              cuferry_stream stream);
 cuferry_status cuferry_cuda_sum_u32(const uint32_t *data, size_t n, unsigned long long *sum,
@@ -345,7 +345,7 @@ cuferry_status cuferry_cuda_halo_launch(int32_t device, const cuferry_halo_desc 
                                    cuferry_stream stream);
 
 /** The seed's strategy, kept as a benchmark baseline: one launch gathering `n` elements
- *  dst[i] = src[indices[i]] (negated when `negate`, per `elem_kind`), with `indices` a flat
+ *  `dst[i] = src[indices[i]]` (negated when `negate`, per `elem_kind`), with `indices` a flat
  *  int32 index array in device memory. */
 cuferry_status cuferry_cuda_halo_seed_pack_launch(int32_t device, const void *src,
                                              const int32_t *indices, int64_t n, void *dst,

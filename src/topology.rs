@@ -59,7 +59,8 @@ fn pci_key(id: &str) -> Option<(u32, u32, u32)> {
     Some((domain, bus, device))
 }
 
-/// Reads the topology; see the [module docs](self).
+/// Reads the topology through NVML: empty, with the reason in [`Topology::unavailable`], when
+/// there is no driver; a field NVML cannot read is `None`.
 pub fn topology() -> Topology {
     let nvml = match Nvml::init() {
         Ok(n) => n,

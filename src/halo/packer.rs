@@ -284,7 +284,7 @@ impl HaloPacker {
     ///
     /// # Errors
     ///
-    /// Errors of [`crate::copy`].
+    /// Errors of [`crate::copy()`].
     pub fn copy_pack_to_unpack(&mut self) -> Result<()> {
         let src = self.pack_buf.get()?;
         let dst = self.unpack_buf.get_mut()?;

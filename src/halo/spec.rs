@@ -159,7 +159,7 @@ impl HorizontalDims {
 }
 
 /// The memory layout of one array: element type, shape, strides in elements and horizontal
-/// dims. See the [module docs](self) for the rules it enforces.
+/// dims. See the [module docs](crate::halo) for the rules it enforces.
 ///
 /// # Examples
 ///
@@ -336,7 +336,7 @@ fn check_no_overlap(shape: &[usize], strides: &[usize]) -> Result<()> {
 
 /// One transfer of one array: the region to pack, the clockwise quarter turns (0..=3) that
 /// bring it into the receiver's frame, and the region it is unpacked into. See the
-/// [module docs](self) for the rotation rule.
+/// [module docs](crate::halo) for the rotation rule.
 ///
 /// # Examples
 ///

@@ -38,7 +38,7 @@ use super::op::{check_input, check_split, Linop, LinopRef};
 use crate::device::DeviceSpec;
 use crate::error::{Error, Result};
 
-/// The sum of operators. See the [module docs](self).
+/// The sum of operators. See the [module docs](crate::linop).
 #[derive(Clone, Debug)]
 pub struct Add<T: Field> {
     terms: Vec<LinopRef<T>>,

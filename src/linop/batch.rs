@@ -136,14 +136,14 @@ impl DeviceMatrix {
     }
 }
 
-/// How to split an operator and where to put the tiles. See the [module docs](self).
+/// How to split an operator and where to put the tiles. See the [module docs](crate::linop).
 #[derive(Clone, Debug)]
 pub struct BatchSpec {
     /// `(dim, batch size)` pairs; the tile grid's axes follow this order.
     pub batch_sizes: Vec<(String, usize)>,
     /// Where the tiles run; `None` leaves them where the data is.
     pub device_matrix: Option<DeviceMatrix>,
-    /// Where the data lives; `None` inherits it (see the [module docs](self)).
+    /// Where the data lives; `None` inherits it (see the [module docs](crate::linop)).
     pub base_device: Option<DeviceSpec>,
 }
 
@@ -170,7 +170,7 @@ impl BatchSpec {
     }
 }
 
-/// Splits `op` by `specs` and spreads the tiles over devices. See the [module docs](self).
+/// Splits `op` by `specs` and spreads the tiles over devices. See the [module docs](crate::linop).
 ///
 /// # Errors
 ///

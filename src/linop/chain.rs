@@ -36,7 +36,7 @@ use super::op::{check_input, check_split, dim_role, DimRole, Linop, LinopRef};
 use crate::device::DeviceSpec;
 use crate::error::{Error, Result};
 
-/// The composition of operators in application order. See the [module docs](self).
+/// The composition of operators in application order. See the [module docs](crate::linop).
 #[derive(Clone, Debug)]
 pub struct Chain<T: Field> {
     ops: Vec<LinopRef<T>>,

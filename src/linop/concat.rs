@@ -45,7 +45,7 @@ use crate::device::DeviceSpec;
 use crate::error::{Error, Result};
 
 /// Operators concatenated along an input dim, an output dim or both. See the
-/// [module docs](self).
+/// [module docs](crate::linop).
 #[derive(Clone, Debug)]
 pub struct Concat<T: Field> {
     ops: Vec<LinopRef<T>>,
@@ -92,7 +92,7 @@ fn joined<T: Field>(
 
 impl<T: Field> Concat<T> {
     /// Concatenates `ops` along input dim `idim` and/or output dim `odim` (see the
-    /// [module docs](self)).
+    /// [module docs](crate::linop)).
     ///
     /// # Errors
     ///

@@ -35,7 +35,7 @@ use super::weight::Weight;
 use crate::device::DeviceSpec;
 use crate::error::Result;
 
-/// A dense operator given by a named weight array. See the [module docs](self).
+/// A dense operator given by a named weight array. See the [module docs](crate::linop).
 #[derive(Clone, Debug)]
 pub struct Dense<T: Field> {
     weight: Weight<T>,

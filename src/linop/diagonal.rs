@@ -31,7 +31,7 @@ use super::weight::Weight;
 use crate::device::DeviceSpec;
 use crate::error::{Error, Result};
 
-/// An elementwise (diagonal) operator. See the [module docs](self).
+/// An elementwise (diagonal) operator. See the [module docs](crate::linop).
 #[derive(Clone, Debug)]
 pub struct Diagonal<T: Field> {
     weight: Weight<T>,

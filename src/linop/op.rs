@@ -43,7 +43,7 @@ impl<T: Field, L: Linop<T> + Clone + 'static> LinopClone<T> for L {
     }
 }
 
-/// A linear operator over named dimensions. See the [module docs](self) for the rules.
+/// A linear operator over named dimensions. See the [module docs](crate::linop) for the rules.
 pub trait Linop<T: Field>: LinopClone<T> + Debug + Send + Sync {
     /// A short name for messages ("Dense", "Chain", ...).
     fn name(&self) -> &'static str;

@@ -47,7 +47,7 @@ pub struct Tile<T: Field> {
     pub oslices: Vec<Range<usize>>,
 }
 
-/// An operator cut into tiles. See the [module docs](self).
+/// An operator cut into tiles. See the [module docs](crate::linop).
 #[derive(Clone, Debug)]
 pub struct SplitGrid<T: Field> {
     /// The split dims, one per grid axis.
@@ -77,7 +77,7 @@ pub fn tile_ranges(size: usize, batch: usize) -> Vec<Range<usize>> {
     (0..size).step_by(batch).map(|s| s..(s + batch).min(size)).collect()
 }
 
-/// Cuts `op` into tiles. See the [module docs](self).
+/// Cuts `op` into tiles. See the [module docs](crate::linop).
 ///
 /// # Errors
 ///

@@ -40,7 +40,7 @@ use crate::device::DeviceSpec;
 use crate::error::{Error, Result};
 use crate::stream::Stream;
 
-/// A transfer from `ispec` to `ospec` over `dims`. See the [module docs](self).
+/// A transfer from `ispec` to `ospec` over `dims`. See the [module docs](crate::linop).
 #[derive(Clone)]
 pub struct ToDevice {
     ispec: DeviceSpec,

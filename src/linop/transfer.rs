@@ -76,7 +76,7 @@ fn stream_device(src: Device, dst: Device) -> Device {
     }
 }
 
-/// The transfer stream for copies from `ispec` to `ospec` (see the [module docs](self)).
+/// The transfer stream for copies from `ispec` to `ospec` (see the [module docs](crate::linop)).
 ///
 /// # Errors
 ///

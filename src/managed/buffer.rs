@@ -31,7 +31,7 @@ use crate::stream::Stream;
 /// Source of allocation ids (unique per process): bulk calls count an allocation once by it.
 static NEXT_ALLOCATION: AtomicU64 = AtomicU64::new(1);
 
-/// A managed allocation of `len` elements of `T`. See the [module docs](self).
+/// A managed allocation of `len` elements of `T`. See the [module docs](crate::managed).
 #[derive(Debug)]
 pub struct ManagedBuffer<T: Element> {
     pool: Arc<PoolInner>,

@@ -124,7 +124,7 @@ fn trackers<'a>(ranges: &[ManagedRange<'a>]) -> Vec<&'a UseTracker> {
 ///
 /// # Errors
 ///
-/// See the [module rules](self); CUDA errors of the batch.
+/// See the [module rules](crate::managed); CUDA errors of the batch.
 pub fn prefetch_each(items: &[(ManagedRange<'_>, Location)], stream: &Stream) -> Result<usize> {
     prefetch_grouped(items, stream, false)
 }
@@ -149,7 +149,7 @@ pub fn prefetch_each(items: &[(ManagedRange<'_>, Location)], stream: &Stream) ->
 ///
 /// # Errors
 ///
-/// See the [module rules](self); CUDA errors of the batch.
+/// See the [module rules](crate::managed); CUDA errors of the batch.
 pub fn prefetch_all(ranges: &[ManagedRange<'_>], location: Location, stream: &Stream) -> Result<usize> {
     let items: Vec<(ManagedRange<'_>, Location)> = ranges.iter().map(|r| (*r, location)).collect();
     prefetch_grouped(&items, stream, false)
@@ -223,7 +223,7 @@ fn prefetch_grouped(items: &[(ManagedRange<'_>, Location)], stream: &Stream, dis
 ///
 /// # Errors
 ///
-/// See the [module rules](self); CUDA errors of the batch.
+/// See the [module rules](crate::managed); CUDA errors of the batch.
 pub unsafe fn discard_all(ranges: &[ManagedRange<'_>], stream: &Stream) -> Result<usize> {
     let cuda = backend_of(ranges, "discard", None)?;
     let (merged, total) = merge(ranges.iter());
@@ -248,7 +248,7 @@ pub unsafe fn discard_all(ranges: &[ManagedRange<'_>], stream: &Stream) -> Resul
 ///
 /// # Errors
 ///
-/// See the [module rules](self); CUDA errors of `cudaMemAdvise`.
+/// See the [module rules](crate::managed); CUDA errors of `cudaMemAdvise`.
 pub fn advise_all(ranges: &[ManagedRange<'_>], advice: Advice) -> Result<usize> {
     let cuda = backend_of(ranges, "advise", advice.location())?;
     let (merged, total) = merge(ranges.iter());

@@ -230,7 +230,7 @@ impl Drop for PoolInner {
     }
 }
 
-/// A thread-safe pool of managed memory for one device. See the [module docs](self).
+/// A thread-safe pool of managed memory for one device. See the [module docs](crate::managed).
 ///
 /// # Examples
 ///

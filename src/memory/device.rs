@@ -80,7 +80,7 @@ impl<T: Element> DeviceBuffer<T> {
     ///
     /// # Errors
     ///
-    /// As [`DeviceBuffer::uninit`] and [`crate::copy`].
+    /// As [`DeviceBuffer::uninit`] and [`crate::copy()`].
     pub fn from_slice(stream: &Stream, data: &[T]) -> Result<Self> {
         // SAFETY: every element is written by the copy below before the buffer is returned.
         let mut buf = unsafe { Self::uninit(stream.device(), data.len())? };
@@ -93,7 +93,7 @@ impl<T: Element> DeviceBuffer<T> {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] when the lengths differ; errors of [`crate::copy`].
+    /// [`Error::InvalidArgument`] when the lengths differ; errors of [`crate::copy()`].
     pub fn copy_from_slice(&mut self, stream: &Stream, data: &[T]) -> Result<()> {
         check_len(data.len(), self.len)?;
         self.copy_from_slice_at(stream, 0, data)
@@ -104,7 +104,7 @@ impl<T: Element> DeviceBuffer<T> {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] when the range is out of bounds; errors of [`crate::copy`].
+    /// [`Error::InvalidArgument`] when the range is out of bounds; errors of [`crate::copy()`].
     pub fn copy_from_slice_at(&mut self, stream: &Stream, offset: usize, data: &[T]) -> Result<()> {
         let src = PageableSlice::new(data);
         copy_range(stream, &src, 0, self, offset, data.len())?;
@@ -116,7 +116,7 @@ impl<T: Element> DeviceBuffer<T> {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] when the lengths differ; errors of [`crate::copy`].
+    /// [`Error::InvalidArgument`] when the lengths differ; errors of [`crate::copy()`].
     pub fn copy_to_slice(&self, stream: &Stream, out: &mut [T]) -> Result<()> {
         check_len(self.len, out.len())?;
         self.copy_to_slice_at(stream, 0, out)
@@ -127,7 +127,7 @@ impl<T: Element> DeviceBuffer<T> {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] when the range is out of bounds; errors of [`crate::copy`].
+    /// [`Error::InvalidArgument`] when the range is out of bounds; errors of [`crate::copy()`].
     pub fn copy_to_slice_at(&self, stream: &Stream, offset: usize, out: &mut [T]) -> Result<()> {
         let len = out.len();
         let mut dst = PageableSlice::new_mut(out);
@@ -139,7 +139,7 @@ impl<T: Element> DeviceBuffer<T> {
     ///
     /// # Errors
     ///
-    /// Errors of [`crate::copy`].
+    /// Errors of [`crate::copy()`].
     pub fn to_vec(&self, stream: &Stream) -> Result<Vec<T>> {
         let mut out = vec![T::zeroed(); self.len];
         self.copy_to_slice(stream, &mut out)?;

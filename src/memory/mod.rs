@@ -9,7 +9,7 @@
 //!   read racing a copy into the same buffer.
 //! - Allocation that leaves memory uninitialised is `unsafe`; zeroed and copied-from
 //!   allocations are safe. Element types are plain data ([`Element`]).
-//! - On [`Device::Host`](crate::Device::Host) every kind of buffer is ordinary page-aligned host
+//! - On [`Device::Host`] every kind of buffer is ordinary page-aligned host
 //!   memory, so the same code runs without a GPU.
 //!
 //! # Examples

@@ -222,7 +222,7 @@ struct DeviceSlot {
 }
 
 /// The transfer backend for both devices, built on cuferry's streams, events and copies. See
-/// the [module docs](self).
+/// the [module docs](crate::ring).
 ///
 /// # Examples
 ///

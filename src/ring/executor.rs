@@ -62,7 +62,7 @@ impl Chunk {
     }
 }
 
-/// A pool of copy threads. See the [module docs](self).
+/// A pool of copy threads. See the [module docs](crate::ring).
 ///
 /// # Examples
 ///

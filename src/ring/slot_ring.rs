@@ -161,7 +161,7 @@ impl Shared {
     }
 }
 
-/// A ring of pinned host slots and device slots. See the [module docs](self).
+/// A ring of pinned host slots and device slots. See the [module docs](crate::ring).
 #[derive(Clone)]
 pub struct SlotRing {
     shared: Arc<Shared>,

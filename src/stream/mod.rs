@@ -108,7 +108,7 @@ impl Stream {
     ///
     /// The CUDA error of the stream, or the first error of its asynchronous work since the
     /// last check (a panicking host function); then [`Error::DropFailed`] when an earlier drop
-    /// of any cuferry resource failed (see [`take_drop_error`](crate::take_drop_error)).
+    /// of any cuferry resource failed (see [`take_drop_error`]).
     pub fn synchronize(&self) -> Result<()> {
         match &self.shared.backend {
             StreamBackend::Host(q) => q.synchronize()?,

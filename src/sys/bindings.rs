@@ -449,7 +449,7 @@ unsafe extern "C" {
     ) -> cuferry_status;
 }
 unsafe extern "C" {
-    #[doc = " Test and benchmark kernels: data[i] = seed * 2654435761 + i (mod 2^32), and the 64-bit sum\n  of data[0..n) into the device (or managed) word `*sum`. One launch each, errors checked."]
+    #[doc = " Test and benchmark kernels: `data[i] = seed * 2654435761 + i` (mod 2^32), and the 64-bit sum\n  of `data[0..n)` into the device (or managed) word `*sum`. One launch each, errors checked."]
     pub fn cuferry_cuda_fill_pattern_u32(
         data: *mut u32,
         n: usize,
@@ -535,7 +535,7 @@ unsafe extern "C" {
     ) -> cuferry_status;
 }
 unsafe extern "C" {
-    #[doc = " The seed's strategy, kept as a benchmark baseline: one launch gathering `n` elements\n  dst[i] = src[indices[i]] (negated when `negate`, per `elem_kind`), with `indices` a flat\n  int32 index array in device memory."]
+    #[doc = " The seed's strategy, kept as a benchmark baseline: one launch gathering `n` elements\n  `dst[i] = src[indices[i]]` (negated when `negate`, per `elem_kind`), with `indices` a flat\n  int32 index array in device memory."]
     pub fn cuferry_cuda_halo_seed_pack_launch(
         device: i32,
         src: *const ::std::os::raw::c_void,
