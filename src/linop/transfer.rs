@@ -16,8 +16,9 @@
 //!   use trackers (see [`crate::memory`]). Whole-stream waits would be weaker: they would
 //!   order each tile's inbound copy after the previous tile's outbound copy and serialise a
 //!   batched operator.
-//! - Host to host (several host devices): one memcpy job on the transfer stream. CUDA to CUDA:
-//!   a device or peer copy on the source's stream; peer access is enabled once per pair when
+//! - Within one device (two placements of the same device, e.g. two host "devices"): no copy;
+//!   the result shares the buffer under the new placement, ordered by its tracker. CUDA to
+//!   another CUDA device: a peer copy on the transfer stream; peer access is enabled once per pair when
 //!   [`can_access_peer`] allows it, otherwise the driver stages the copy. Host and CUDA:
 //!   through a pinned staging buffer (host memory -> pinned -> device, or back), both steps on
 //!   the CUDA side's stream; the staging buffer lives as long as the result.
@@ -117,6 +118,11 @@ pub(crate) fn transfer<T: Field>(x: &Array<T>, ospec: &DeviceSpec) -> Result<Arr
 /// `x` copied to `ospec` on `stream` (which must be able to run the copy). Returns at once;
 /// the copy is ordered by the buffers' trackers.
 pub(crate) fn transfer_on<T: Field>(x: &Array<T>, ospec: &DeviceSpec, stream: &Stream) -> Result<Array<T>> {
+    if x.device() == ospec.device {
+        // Same memory: no copy. The buffer's tracker orders every later use (on the target's
+        // streams or anywhere) after the work that produced it.
+        return x.with_spec(ospec);
+    }
     let src = x.contiguous()?;
     let n = src.len();
     // SAFETY: every element is written by the copies below before anyone can read it: later
