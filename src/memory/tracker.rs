@@ -1,7 +1,8 @@
 //! Use tracking: the ordering and lifetime protocol every buffer follows.
 //!
 //! Rules:
-//! - Each buffer remembers an event recorded right after the last operation queued on it.
+//! - Each buffer remembers an event recorded right after the last operation queued on it; the
+//!   buffers of one operation share that event (one record per operation).
 //! - An operation queued on a stream other than the last one first makes that stream wait for
 //!   the remembered event, so operations on one buffer run in the order they were queued,
 //!   whichever streams they were queued on.
@@ -12,7 +13,7 @@
 //! - Memory allocated in stream order (managed pools) names its allocation stream: the first
 //!   use on another stream waits for that stream first.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::error::Result;
 use crate::event::Event;
@@ -21,8 +22,9 @@ use crate::stream::Stream;
 /// The last queued use of one buffer.
 #[derive(Debug)]
 struct LastUse {
-    /// Recorded on `stream` right after the operation.
-    event: Event,
+    /// Recorded on `stream` right after the operation; shared by every buffer the operation
+    /// used (one record per operation, not one per buffer).
+    event: Arc<Event>,
     /// The stream the operation was queued on.
     stream: Stream,
 }
@@ -61,9 +63,16 @@ impl UseTracker {
         enqueue: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
         let mut guards: Vec<MutexGuard<'_, Option<LastUse>>> = trackers.iter().map(|t| t.lock()).collect();
+        let mut waited: Vec<&Arc<Event>> = Vec::new();
         for (tracker, guard) in trackers.iter().zip(&guards) {
             match (guard.as_ref(), &tracker.origin) {
-                (Some(last), _) if last.stream.id() != stream.id() => stream.wait_event(&last.event)?,
+                (Some(last), _) if last.stream.id() != stream.id() => {
+                    // Buffers used together last time share one event: wait for it once.
+                    if !waited.iter().any(|e| Arc::ptr_eq(e, &last.event)) {
+                        stream.wait_event(&last.event)?;
+                        waited.push(&last.event);
+                    }
+                }
                 (None, Some(origin)) if origin.id() != stream.id() => {
                     // First use away from the allocation stream: order after it.
                     let allocated = Event::new(origin.device())?;
@@ -73,16 +82,25 @@ impl UseTracker {
                 _ => {}
             }
         }
+        drop(waited);
         enqueue()?;
-        for guard in guards.iter_mut() {
-            if let Err(err) = record_use(guard, stream) {
+        let recorded = reusable_event(&guards, stream)
+            .map_or_else(|| Event::new(stream.device()).map(Arc::new), Ok)
+            .and_then(|event| event.record(stream).map(|()| event));
+        match recorded {
+            Ok(event) => {
+                for guard in guards.iter_mut() {
+                    **guard = Some(LastUse { event: Arc::clone(&event), stream: stream.clone() });
+                }
+                Ok(())
+            }
+            Err(err) => {
                 // The operation is queued but untracked: wait for it here so nothing is freed
                 // under it, then report the failure.
                 let _ = stream.synchronize();
-                return Err(err);
+                Err(err)
             }
         }
-        Ok(())
     }
 
     /// Blocks until every operation queued on the buffer so far has finished.
@@ -102,20 +120,14 @@ impl UseTracker {
     }
 }
 
-/// Records the use on `stream`, reusing the buffer's event when it belongs to that device.
-fn record_use(slot: &mut Option<LastUse>, stream: &Stream) -> Result<()> {
-    match slot {
-        Some(last) if last.event.device() == stream.device() => {
-            last.event.record(stream)?;
-            if last.stream.id() != stream.id() {
-                last.stream = stream.clone();
-            }
-        }
-        _ => {
-            let event = Event::new(stream.device())?;
-            event.record(stream)?;
-            *slot = Some(LastUse { event, stream: stream.clone() });
-        }
-    }
-    Ok(())
+/// An event of these buffers that may be recorded again for this use: one of `stream`'s
+/// device that no buffer outside `guards` still names (re-recording moves it later, which only
+/// the buffers being updated here may see).
+fn reusable_event(guards: &[MutexGuard<'_, Option<LastUse>>], stream: &Stream) -> Option<Arc<Event>> {
+    guards.iter().filter_map(|g| g.as_ref()).find_map(|last| {
+        let holders =
+            guards.iter().filter_map(|g| g.as_ref()).filter(|l| Arc::ptr_eq(&l.event, &last.event)).count();
+        (last.event.device() == stream.device() && Arc::strong_count(&last.event) == holders)
+            .then(|| Arc::clone(&last.event))
+    })
 }
