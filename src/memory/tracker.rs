@@ -66,12 +66,13 @@ impl UseTracker {
         let mut waited: Vec<&Arc<Event>> = Vec::new();
         for (tracker, guard) in trackers.iter().zip(&guards) {
             match (guard.as_ref(), &tracker.origin) {
-                (Some(last), _) if last.stream.id() != stream.id() => {
-                    // Buffers used together last time share one event: wait for it once.
-                    if !waited.iter().any(|e| Arc::ptr_eq(e, &last.event)) {
-                        stream.wait_event(&last.event)?;
-                        waited.push(&last.event);
-                    }
+                // Buffers used together last time share one event: wait for it once.
+                (Some(last), _)
+                    if last.stream.id() != stream.id()
+                        && !waited.iter().any(|e| Arc::ptr_eq(e, &last.event)) =>
+                {
+                    stream.wait_event(&last.event)?;
+                    waited.push(&last.event);
                 }
                 (None, Some(origin)) if origin.id() != stream.id() => {
                     // First use away from the allocation stream: order after it.
