@@ -155,3 +155,13 @@ cuferry_status cuferry_cuda_halo_seed_pack_launch(int32_t device, const void *sr
   (void)device; (void)src; (void)indices; (void)n; (void)dst; (void)elem_size; (void)elem_kind;
   (void)negate; (void)stream; NB;
 }
+
+/* linop kernels */
+cuferry_status cuferry_cuda_linop_map(int32_t dtype, const cuferry_linop_map *map, const void *src, void *dst,
+                                      double alpha_re, double alpha_im, cuferry_stream stream) {
+  (void)dtype; (void)map; (void)src; (void)dst; (void)alpha_re; (void)alpha_im; (void)stream; NB;
+}
+cuferry_status cuferry_cuda_linop_contract(int32_t dtype, const cuferry_linop_contraction *c, const void *x,
+                                           const void *w, void *out, cuferry_stream stream) {
+  (void)dtype; (void)c; (void)x; (void)w; (void)out; (void)stream; NB;
+}

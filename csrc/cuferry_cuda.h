@@ -260,6 +260,50 @@ cuferry_status cuferry_cuda_fill_pattern_u32(uint32_t *data, size_t n, uint32_t 
 cuferry_status cuferry_cuda_sum_u32(const uint32_t *data, size_t n, unsigned long long *sum,
                                     cuferry_stream stream);
 
+/* ---- linear-operator kernels (linop.cu) ----------------------------------------------------- */
+
+/** Most loop dimensions of a linop kernel. */
+#define CUFERRY_LINOP_MAX_DIMS 8
+/** Element types of the linop kernels. */
+#define CUFERRY_LINOP_F32 1
+#define CUFERRY_LINOP_F64 2
+#define CUFERRY_LINOP_C32 3
+#define CUFERRY_LINOP_C64 4
+
+/** A strided element-wise map over `shape`: dst[dst_offset + i.dst_strides] (= or +=)
+ *  alpha * src[src_offset + i.src_strides], strides and offsets in elements. */
+typedef struct cuferry_linop_map {
+  int64_t shape[CUFERRY_LINOP_MAX_DIMS];
+  int64_t src_strides[CUFERRY_LINOP_MAX_DIMS];
+  int64_t dst_strides[CUFERRY_LINOP_MAX_DIMS];
+  int64_t src_offset;
+  int64_t dst_offset;
+  int32_t ndim;
+  int32_t accumulate;
+} cuferry_linop_map;
+
+/** A contraction over loop dims: out[i.out_strides] += sum over the dims whose out stride is 0
+ *  of w'[w_offset + i.w_strides] * x[x_offset + i.x_strides] (w' = conj(w) when `conj`). The
+ *  output (row-major over the dims with a non-zero out stride) is written, not accumulated. */
+typedef struct cuferry_linop_contraction {
+  int64_t shape[CUFERRY_LINOP_MAX_DIMS];
+  int64_t out_strides[CUFERRY_LINOP_MAX_DIMS];
+  int64_t x_strides[CUFERRY_LINOP_MAX_DIMS];
+  int64_t w_strides[CUFERRY_LINOP_MAX_DIMS];
+  int64_t x_offset;
+  int64_t w_offset;
+  int32_t ndim;
+  int32_t conj;
+} cuferry_linop_contraction;
+
+/** The strided map for element type `dtype` (CUFERRY_LINOP_*), alpha = alpha_re + i alpha_im
+ *  (real types use alpha_re). One launch, errors checked. */
+cuferry_status cuferry_cuda_linop_map(int32_t dtype, const cuferry_linop_map *map, const void *src, void *dst,
+                                      double alpha_re, double alpha_im, cuferry_stream stream);
+/** The contraction for element type `dtype`: one thread per output element. */
+cuferry_status cuferry_cuda_linop_contract(int32_t dtype, const cuferry_linop_contraction *c, const void *x,
+                                           const void *w, void *out, cuferry_stream stream);
+
 #ifdef __cplusplus
 }
 #endif

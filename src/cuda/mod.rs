@@ -12,6 +12,7 @@
 pub(crate) mod device;
 pub(crate) mod event;
 pub(crate) mod halo;
+pub(crate) mod linop;
 pub(crate) mod managed;
 pub(crate) mod memory;
 pub(crate) mod stream;

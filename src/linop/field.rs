@@ -52,6 +52,9 @@ pub trait Field:
     const IS_COMPLEX: bool;
     /// A short name for messages, e.g. `"c64"` for `Complex<f32>`.
     const NAME: &'static str;
+    /// The element code of the CUDA kernels (`CUFERRY_LINOP_*` of csrc/cuferry_cuda.h).
+    #[doc(hidden)]
+    const KERNEL_CODE: i32;
 
     /// The additive identity.
     fn zero() -> Self;
@@ -81,10 +84,11 @@ pub trait Field:
 }
 
 macro_rules! real_field {
-    ($t:ty, $name:literal) => {
+    ($t:ty, $name:literal, $code:expr) => {
         impl Field for $t {
             const IS_COMPLEX: bool = false;
             const NAME: &'static str = $name;
+            const KERNEL_CODE: i32 = $code;
             fn zero() -> Self {
                 0.0
             }
@@ -112,10 +116,11 @@ macro_rules! real_field {
 }
 
 macro_rules! complex_field {
-    ($t:ty, $name:literal) => {
+    ($t:ty, $name:literal, $code:expr) => {
         impl Field for Complex<$t> {
             const IS_COMPLEX: bool = true;
             const NAME: &'static str = $name;
+            const KERNEL_CODE: i32 = $code;
             fn zero() -> Self {
                 Complex::new(0.0, 0.0)
             }
@@ -139,7 +144,7 @@ macro_rules! complex_field {
     };
 }
 
-real_field!(f32, "f32");
-real_field!(f64, "f64");
-complex_field!(f32, "c64");
-complex_field!(f64, "c128");
+real_field!(f32, "f32", crate::sys::CUFERRY_LINOP_F32);
+real_field!(f64, "f64", crate::sys::CUFERRY_LINOP_F64);
+complex_field!(f32, "c64", crate::sys::CUFERRY_LINOP_C32);
+complex_field!(f64, "c128", crate::sys::CUFERRY_LINOP_C64);

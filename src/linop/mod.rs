@@ -19,9 +19,10 @@
 //!   stream is synchronised with another more than the data requires.
 //! - Adjoints are conjugate transposes: every operator passes the dot test
 //!   `|<Ax, y> - <x, A^H y>| <= 1e-5 |<Ax, y>|` in f64 on random data.
-//! - Arithmetic on CUDA arrays returns [`Error::Unsupported`](crate::Error::Unsupported)
-//!   ([`NO_CUDA_KERNELS`]) until kernels exist; [`ToDevice`] and [`Identity`] work on every
-//!   device. The kernel dispatch lives in one private module (`compute`).
+//! - Arithmetic on CUDA arrays runs as CUDA kernels (csrc/linop.cu; compiled with nvcc, not
+//!   yet run on a GPU); a build without nvcc returns
+//!   [`Error::Unsupported`](crate::Error::Unsupported) ([`NO_CUDA_KERNELS`]) for it. The
+//!   kernel dispatch lives in one private module (`compute`).
 //!
 //! # Examples
 //!

@@ -74,8 +74,8 @@ pub trait Linop<T: Field>: LinopClone<T> + Debug + Send + Sync {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] when `x`'s shape is not [`Linop::idims`] or the parameters
-    /// are on another device; [`Error::Unsupported`] for arithmetic on CUDA arrays (no kernels
-    /// yet); errors of the queued work.
+    /// are on another device; [`Error::Unsupported`] for arithmetic on CUDA arrays in a build
+    /// without nvcc; errors of the queued work.
     fn apply(&self, x: &Array<T>) -> Result<Array<T>>;
 
     /// The adjoint `A^H` (conjugate transpose).

@@ -26,6 +26,11 @@ pub const CUFERRY_ADVISE_SET_PREFERRED_LOCATION: i32 = 3;
 pub const CUFERRY_ADVISE_UNSET_PREFERRED_LOCATION: i32 = 4;
 pub const CUFERRY_ADVISE_SET_ACCESSED_BY: i32 = 5;
 pub const CUFERRY_ADVISE_UNSET_ACCESSED_BY: i32 = 6;
+pub const CUFERRY_LINOP_MAX_DIMS: i32 = 8;
+pub const CUFERRY_LINOP_F32: i32 = 1;
+pub const CUFERRY_LINOP_F64: i32 = 2;
+pub const CUFERRY_LINOP_C32: i32 = 3;
+pub const CUFERRY_LINOP_C64: i32 = 4;
 pub const CUFERRY_HALO_MAX_DIMS: i32 = 8;
 pub const CUFERRY_HALO_BLOCK_THREADS: i32 = 256;
 pub const CUFERRY_HALO_UNITS_PER_THREAD: i32 = 4;
@@ -462,6 +467,92 @@ unsafe extern "C" {
         data: *const u32,
         n: usize,
         sum: *mut ::std::os::raw::c_ulonglong,
+        stream: cuferry_stream,
+    ) -> cuferry_status;
+}
+#[doc = " A strided element-wise map over `shape`: dst[dst_offset + i.dst_strides] (= or +=)\n  alpha * src[src_offset + i.src_strides], strides and offsets in elements."]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cuferry_linop_map {
+    pub shape: [i64; 8usize],
+    pub src_strides: [i64; 8usize],
+    pub dst_strides: [i64; 8usize],
+    pub src_offset: i64,
+    pub dst_offset: i64,
+    pub ndim: i32,
+    pub accumulate: i32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cuferry_linop_map"][::std::mem::size_of::<cuferry_linop_map>() - 216usize];
+    ["Alignment of cuferry_linop_map"][::std::mem::align_of::<cuferry_linop_map>() - 8usize];
+    ["Offset of field: cuferry_linop_map::shape"][::std::mem::offset_of!(cuferry_linop_map, shape) - 0usize];
+    ["Offset of field: cuferry_linop_map::src_strides"]
+        [::std::mem::offset_of!(cuferry_linop_map, src_strides) - 64usize];
+    ["Offset of field: cuferry_linop_map::dst_strides"]
+        [::std::mem::offset_of!(cuferry_linop_map, dst_strides) - 128usize];
+    ["Offset of field: cuferry_linop_map::src_offset"]
+        [::std::mem::offset_of!(cuferry_linop_map, src_offset) - 192usize];
+    ["Offset of field: cuferry_linop_map::dst_offset"]
+        [::std::mem::offset_of!(cuferry_linop_map, dst_offset) - 200usize];
+    ["Offset of field: cuferry_linop_map::ndim"][::std::mem::offset_of!(cuferry_linop_map, ndim) - 208usize];
+    ["Offset of field: cuferry_linop_map::accumulate"]
+        [::std::mem::offset_of!(cuferry_linop_map, accumulate) - 212usize];
+};
+#[doc = " A contraction over loop dims: out[i.out_strides] += sum over the dims whose out stride is 0\n  of w'[w_offset + i.w_strides] * x[x_offset + i.x_strides] (w' = conj(w) when `conj`). The\n  output (row-major over the dims with a non-zero out stride) is written, not accumulated."]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cuferry_linop_contraction {
+    pub shape: [i64; 8usize],
+    pub out_strides: [i64; 8usize],
+    pub x_strides: [i64; 8usize],
+    pub w_strides: [i64; 8usize],
+    pub x_offset: i64,
+    pub w_offset: i64,
+    pub ndim: i32,
+    pub conj: i32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cuferry_linop_contraction"][::std::mem::size_of::<cuferry_linop_contraction>() - 280usize];
+    ["Alignment of cuferry_linop_contraction"][::std::mem::align_of::<cuferry_linop_contraction>() - 8usize];
+    ["Offset of field: cuferry_linop_contraction::shape"]
+        [::std::mem::offset_of!(cuferry_linop_contraction, shape) - 0usize];
+    ["Offset of field: cuferry_linop_contraction::out_strides"]
+        [::std::mem::offset_of!(cuferry_linop_contraction, out_strides) - 64usize];
+    ["Offset of field: cuferry_linop_contraction::x_strides"]
+        [::std::mem::offset_of!(cuferry_linop_contraction, x_strides) - 128usize];
+    ["Offset of field: cuferry_linop_contraction::w_strides"]
+        [::std::mem::offset_of!(cuferry_linop_contraction, w_strides) - 192usize];
+    ["Offset of field: cuferry_linop_contraction::x_offset"]
+        [::std::mem::offset_of!(cuferry_linop_contraction, x_offset) - 256usize];
+    ["Offset of field: cuferry_linop_contraction::w_offset"]
+        [::std::mem::offset_of!(cuferry_linop_contraction, w_offset) - 264usize];
+    ["Offset of field: cuferry_linop_contraction::ndim"]
+        [::std::mem::offset_of!(cuferry_linop_contraction, ndim) - 272usize];
+    ["Offset of field: cuferry_linop_contraction::conj"]
+        [::std::mem::offset_of!(cuferry_linop_contraction, conj) - 276usize];
+};
+unsafe extern "C" {
+    #[doc = " The strided map for element type `dtype` (CUFERRY_LINOP_*), alpha = alpha_re + i alpha_im\n  (real types use alpha_re). One launch, errors checked."]
+    pub fn cuferry_cuda_linop_map(
+        dtype: i32,
+        map: *const cuferry_linop_map,
+        src: *const ::std::os::raw::c_void,
+        dst: *mut ::std::os::raw::c_void,
+        alpha_re: f64,
+        alpha_im: f64,
+        stream: cuferry_stream,
+    ) -> cuferry_status;
+}
+unsafe extern "C" {
+    #[doc = " The contraction for element type `dtype`: one thread per output element."]
+    pub fn cuferry_cuda_linop_contract(
+        dtype: i32,
+        c: *const cuferry_linop_contraction,
+        x: *const ::std::os::raw::c_void,
+        w: *const ::std::os::raw::c_void,
+        out: *mut ::std::os::raw::c_void,
         stream: cuferry_stream,
     ) -> cuferry_status;
 }

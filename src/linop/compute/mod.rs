@@ -5,36 +5,40 @@
 //!   backend from the input's device ([`backend`]) and queue the work on the input's compute
 //!   stream. The output lives on the input's spec.
 //! - [`Device::Host`]: kernels in [`host`], one job on the stream per call.
-//! - [`Device::Cuda`]: no linop kernels are written yet. Arithmetic returns
-//!   [`Error::Unsupported`] with [`NO_CUDA_KERNELS`]; pure data movement (making a strided view
-//!   contiguous) runs as real copies. Adding a CUDA backend means adding a `Backend::Cuda` arm
-//!   to the functions below, nothing else.
+//! - [`Device::Cuda`]: one kernel launch per operation in `cuda` (csrc/linop.cu: a strided
+//!   map for copies, scaling, sums and concatenation, and a strided contraction for Dense and
+//!   Diagonal), compiled with nvcc and not yet run on a GPU. In a build without nvcc,
+//!   arithmetic on CUDA arrays returns [`Error::Unsupported`] with [`NO_CUDA_KERNELS`].
 
+mod cuda;
 pub(crate) mod host;
 
 use super::array::Array;
 use super::dims::Dims;
 use super::field::Field;
-use super::layout::{row_major, walk};
-use crate::copy::copy_range;
+use super::layout::row_major;
 use crate::device::{Device, DeviceSpec};
 use crate::error::{Error, Result};
 use crate::memory::DeviceBuffer;
 use host::{Contraction, View};
 
 /// What [`Error::Unsupported`] says for arithmetic on CUDA arrays.
-pub const NO_CUDA_KERNELS: &str = "linop compute on CUDA devices: kernels not written yet";
+pub const NO_CUDA_KERNELS: &str =
+    "linop compute on CUDA devices: this build has no CUDA kernels (nvcc was not found)";
 
 /// The backends that can run linop arithmetic.
 enum Backend {
     /// Jobs on host streams.
     Host,
+    /// Kernels on CUDA streams (linop.cu).
+    Cuda,
 }
 
 /// The backend for arithmetic on `device`.
 fn backend(device: Device) -> Result<Backend> {
     match device {
         Device::Host => Ok(Backend::Host),
+        Device::Cuda(_) if crate::cuda::is_built() => Ok(Backend::Cuda),
         Device::Cuda(_) => Err(Error::unsupported(NO_CUDA_KERNELS)),
     }
 }
@@ -62,38 +66,9 @@ pub(crate) fn contiguous<T: Field>(x: &Array<T>) -> Result<Array<T>> {
             Ok(Array::from_owned(spec, out, x.shape()))
         }
         Device::Cuda(_) => {
-            // Data movement only: one device-to-device copy per contiguous run.
-            // SAFETY: every element is written by the copies below (the runs cover the whole
-            // row-major output), and later uses are ordered after them by the buffer's tracker.
-            let mut out = unsafe { DeviceBuffer::<T>::uninit(x.device(), x.len())? };
-            let dst = row_major(x.shape());
-            let (shape, strides) = (x.shape().to_vec(), x.strides().to_vec());
-            let mut result = Ok(());
-            walk(&shape, [&strides, &dst], [x.offset(), 0], |[so, d_o], n, [ss, ds]| {
-                if result.is_err() {
-                    return;
-                }
-                if ss == 1 && ds == 1 {
-                    result =
-                        copy_range(&spec.compute_stream, &**x.buffer(), so, &mut out, d_o, n).map(|_| ());
-                } else {
-                    for i in 0..n {
-                        let r = copy_range(
-                            &spec.compute_stream,
-                            &**x.buffer(),
-                            so + i * ss,
-                            &mut out,
-                            d_o + i * ds,
-                            1,
-                        );
-                        if let Err(e) = r {
-                            result = Err(e);
-                            return;
-                        }
-                    }
-                }
-            });
-            result?;
+            let mut out = output::<T>(spec, x.shape())?;
+            let dst = contiguous_view(x.shape());
+            cuda::map(&spec.compute_stream, T::one(), x.buffer(), &view(x), &mut out, &dst, false)?;
             Ok(Array::from_owned(spec, out, x.shape()))
         }
     }
@@ -113,6 +88,13 @@ pub(crate) fn scale<T: Field>(x: &Array<T>, alpha: T) -> Result<Array<T>> {
                 &mut out,
                 contiguous_view(x.shape()),
             )?;
+            Ok(Array::from_owned(spec, out, x.shape()))
+        }
+        Backend::Cuda => {
+            let spec = x.spec();
+            let mut out = output::<T>(spec, x.shape())?;
+            let dst = contiguous_view(x.shape());
+            cuda::map(&spec.compute_stream, alpha, x.buffer(), &view(x), &mut out, &dst, false)?;
             Ok(Array::from_owned(spec, out, x.shape()))
         }
     }
@@ -149,6 +131,15 @@ pub(crate) fn sum<T: Field>(terms: &[Array<T>]) -> Result<Array<T>> {
                     &mut out,
                     contiguous_view(t.shape()),
                 )?;
+            }
+            Ok(Array::from_owned(spec, out, first.shape()))
+        }
+        Backend::Cuda => {
+            let spec = first.spec();
+            let mut out = output::<T>(spec, first.shape())?;
+            let dst = contiguous_view(first.shape());
+            for t in terms {
+                cuda::map(&spec.compute_stream, T::one(), t.buffer(), &view(t), &mut out, &dst, true)?;
             }
             Ok(Array::from_owned(spec, out, first.shape()))
         }
@@ -199,6 +190,22 @@ pub(crate) fn concat<T: Field>(parts: &[Array<T>], axis: usize) -> Result<Array<
             }
             Ok(Array::from_owned(spec, out, &shape))
         }
+        Backend::Cuda => {
+            let spec = first.spec();
+            let mut out = output::<T>(spec, &shape)?;
+            let strides = row_major(&shape);
+            let mut start = 0;
+            for p in parts {
+                let dst = View {
+                    offset: start * strides[axis],
+                    shape: p.shape().to_vec(),
+                    strides: strides.clone(),
+                };
+                cuda::map(&spec.compute_stream, T::one(), p.buffer(), &view(p), &mut out, &dst, false)?;
+                start += p.shape()[axis];
+            }
+            Ok(Array::from_owned(spec, out, &shape))
+        }
     }
 }
 
@@ -219,44 +226,44 @@ pub(crate) fn einsum<T: Field>(
             x.device()
         )));
     }
-    match backend(x.device())? {
-        Backend::Host => {
-            // Loop order: dims without a weight first, then the weight's dims in its own order,
-            // so the innermost loop walks the weight's last (contiguous) axis.
-            let mut order: Vec<&str> = Vec::new();
-            for n in odims.names().iter().chain(xdims) {
-                if !wdims.contains(n) && !order.contains(&n.as_str()) {
-                    order.push(n);
-                }
-            }
-            order.extend(wdims.iter().map(String::as_str));
-            let out_strides_own = row_major(odims.sizes());
-            let pick = |names: &[String], shape: &[usize], strides: &[usize], d: &str| {
-                names.iter().position(|n| n == d).map(|k| (shape[k], strides[k]))
-            };
-            let mut c = Contraction {
-                shape: Vec::with_capacity(order.len()),
-                out_strides: Vec::with_capacity(order.len()),
-                x_strides: Vec::with_capacity(order.len()),
-                w_strides: Vec::with_capacity(order.len()),
-                x_offset: x.offset(),
-                w_offset: w.offset(),
-                conj,
-            };
-            for d in &order {
-                let o = pick(odims.names(), odims.sizes(), &out_strides_own, d);
-                let xi = pick(xdims, x.shape(), x.strides(), d);
-                let wi = pick(wdims, w.shape(), w.strides(), d);
-                let size = o.or(xi).or(wi).map(|p| p.0).unwrap_or(1);
-                c.shape.push(size);
-                c.out_strides.push(o.map_or(0, |p| p.1));
-                c.x_strides.push(xi.map_or(0, |p| p.1));
-                c.w_strides.push(wi.map_or(0, |p| p.1));
-            }
-            let spec = x.spec();
-            let mut out = output::<T>(spec, odims.sizes())?;
-            host::contract(&spec.compute_stream, c, x.buffer(), w.buffer(), &mut out)?;
-            Ok(Array::from_owned(spec, out, odims.sizes()))
+    let backend = backend(x.device())?;
+    // Loop order: dims without a weight first, then the weight's dims in its own order, so the
+    // innermost loop walks the weight's last (contiguous) axis.
+    let mut order: Vec<&str> = Vec::new();
+    for n in odims.names().iter().chain(xdims) {
+        if !wdims.contains(n) && !order.contains(&n.as_str()) {
+            order.push(n);
         }
     }
+    order.extend(wdims.iter().map(String::as_str));
+    let out_strides_own = row_major(odims.sizes());
+    let pick = |names: &[String], shape: &[usize], strides: &[usize], d: &str| {
+        names.iter().position(|n| n == d).map(|k| (shape[k], strides[k]))
+    };
+    let mut c = Contraction {
+        shape: Vec::with_capacity(order.len()),
+        out_strides: Vec::with_capacity(order.len()),
+        x_strides: Vec::with_capacity(order.len()),
+        w_strides: Vec::with_capacity(order.len()),
+        x_offset: x.offset(),
+        w_offset: w.offset(),
+        conj,
+    };
+    for d in &order {
+        let o = pick(odims.names(), odims.sizes(), &out_strides_own, d);
+        let xi = pick(xdims, x.shape(), x.strides(), d);
+        let wi = pick(wdims, w.shape(), w.strides(), d);
+        let size = o.or(xi).or(wi).map(|p| p.0).unwrap_or(1);
+        c.shape.push(size);
+        c.out_strides.push(o.map_or(0, |p| p.1));
+        c.x_strides.push(xi.map_or(0, |p| p.1));
+        c.w_strides.push(wi.map_or(0, |p| p.1));
+    }
+    let spec = x.spec();
+    let mut out = output::<T>(spec, odims.sizes())?;
+    match backend {
+        Backend::Host => host::contract(&spec.compute_stream, c, x.buffer(), w.buffer(), &mut out)?,
+        Backend::Cuda => cuda::contract(&spec.compute_stream, &c, x.buffer(), w.buffer(), &mut out)?,
+    }
+    Ok(Array::from_owned(spec, out, odims.sizes()))
 }
