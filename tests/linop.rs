@@ -212,25 +212,43 @@ fn concat_kinds_match_loops() {
     assert_close(&got, &want, 1e-14);
 }
 
+/// Operators over shared dims, built on `spec`: Dense with a plain and a batch-varying weight,
+/// a Dense pair through an inner dim `m`, a Diagonal and a Scalar.
+struct Zoo<T: Field> {
+    a: LinopRef<T>,
+    a2: LinopRef<T>,
+    f: LinopRef<T>,
+    g: LinopRef<T>,
+    diag: LinopRef<T>,
+    scalar: LinopRef<T>,
+    bi: Dims,
+    bo: Dims,
+}
+
+fn zoo<T: Field>(rng: &mut Rng, spec: &DeviceSpec, (nb, ni, no, nm): (usize, usize, usize, usize)) -> Zoo<T> {
+    let dense = |rng: &mut Rng, wd: &[&str], ws: &[usize], i: Dims, o: Dims| -> LinopRef<T> {
+        Arc::new(Dense::new(random_array::<T>(rng, spec, ws), wd, i, o).unwrap())
+    };
+    let bi = dims(&[("b", nb), ("i", ni)]);
+    let bm = dims(&[("b", nb), ("m", nm)]);
+    let bo = dims(&[("b", nb), ("o", no)]);
+    let a = dense(rng, &["o", "i"], &[no, ni], bi.clone(), bo.clone());
+    let a2 = dense(rng, &["b", "o", "i"], &[nb, no, ni], bi.clone(), bo.clone());
+    let f = dense(rng, &["m", "i"], &[nm, ni], bi.clone(), bm.clone());
+    let g = dense(rng, &["o", "m", "b"], &[no, nm, nb], bm, bo.clone());
+    let diag: LinopRef<T> =
+        Arc::new(Diagonal::new(random_array::<T>(rng, spec, &[ni]), &["i"], bi.clone()).unwrap());
+    let scalar: LinopRef<T> = Arc::new(Scalar::new(T::from_parts(0.3, -1.1), bo.clone()));
+    Zoo { a, a2, f, g, diag, scalar, bi, bo }
+}
+
 /// Every operator and some compositions pass the dot test.
 fn dot_tests<T: Field>(seed: u64) {
     let mut rng = Rng::new(seed);
     let spec = host();
     let other = host();
-    let (nb, ni, no, nm) = (2 + rng.below(3), 1 + rng.below(6), 1 + rng.below(6), 1 + rng.below(5));
-    let dense = |rng: &mut Rng, wd: &[&str], ws: &[usize], i: Dims, o: Dims| -> LinopRef<T> {
-        Arc::new(Dense::new(random_array::<T>(rng, &spec, ws), wd, i, o).unwrap())
-    };
-    let bi = dims(&[("b", nb), ("i", ni)]);
-    let bm = dims(&[("b", nb), ("m", nm)]);
-    let bo = dims(&[("b", nb), ("o", no)]);
-    let a = dense(&mut rng, &["o", "i"], &[no, ni], bi.clone(), bo.clone());
-    let a2 = dense(&mut rng, &["b", "o", "i"], &[nb, no, ni], bi.clone(), bo.clone());
-    let f = dense(&mut rng, &["m", "i"], &[nm, ni], bi.clone(), bm.clone());
-    let g = dense(&mut rng, &["o", "m", "b"], &[no, nm, nb], bm, bo.clone());
-    let diag: LinopRef<T> =
-        Arc::new(Diagonal::new(random_array::<T>(&mut rng, &spec, &[ni]), &["i"], bi.clone()).unwrap());
-    let scalar: LinopRef<T> = Arc::new(Scalar::new(T::from_parts(0.3, -1.1), bo.clone()));
+    let sizes = (2 + rng.below(3), 1 + rng.below(6), 1 + rng.below(6), 1 + rng.below(5));
+    let Zoo { a, a2, f, g, diag, scalar, bi, bo } = zoo::<T>(&mut rng, &spec, sizes);
     let ident: LinopRef<T> = Arc::new(Identity::new(bi.clone()));
     let move_there: LinopRef<T> = Arc::new(ToDevice::new(spec.clone(), other.clone(), bi.clone()));
     let move_back: LinopRef<T> = Arc::new(ToDevice::new(other.clone(), spec.clone(), bo.clone()));
@@ -411,20 +429,7 @@ fn cuda_matches_host<T: Field>(seed: u64) {
     let Some(dev) = util::cuda_device() else { return };
     let mut rng = Rng::new(seed);
     let (h, c) = (host(), DeviceSpec::new(dev).unwrap());
-    let (nb, ni, no, nm) = (3, 7, 5, 4);
-    let dense = |rng: &mut Rng, wd: &[&str], ws: &[usize], i: Dims, o: Dims| -> LinopRef<T> {
-        Arc::new(Dense::new(random_array::<T>(rng, &h, ws), wd, i, o).unwrap())
-    };
-    let bi = dims(&[("b", nb), ("i", ni)]);
-    let bm = dims(&[("b", nb), ("m", nm)]);
-    let bo = dims(&[("b", nb), ("o", no)]);
-    let a = dense(&mut rng, &["o", "i"], &[no, ni], bi.clone(), bo.clone());
-    let a2 = dense(&mut rng, &["b", "o", "i"], &[nb, no, ni], bi.clone(), bo.clone());
-    let f = dense(&mut rng, &["m", "i"], &[nm, ni], bi.clone(), bm.clone());
-    let g = dense(&mut rng, &["o", "m", "b"], &[no, nm, nb], bm, bo.clone());
-    let diag: LinopRef<T> =
-        Arc::new(Diagonal::new(random_array::<T>(&mut rng, &h, &[ni]), &["i"], bi.clone()).unwrap());
-    let scalar: LinopRef<T> = Arc::new(Scalar::new(T::from_parts(0.3, -1.1), bo.clone()));
+    let Zoo { a, a2, f, g, diag, scalar, .. } = zoo::<T>(&mut rng, &h, (3, 7, 5, 4));
     let ops: Vec<LinopRef<T>> = vec![
         Arc::clone(&a),
         Arc::clone(&a2),
