@@ -9,6 +9,7 @@
 
 mod copies;
 mod halo;
+mod linop;
 mod managed;
 mod measure;
 mod plot;
@@ -32,6 +33,9 @@ pub enum Section {
     Managed,
     /// Halo pack: one launch against the seed's strategy and a same-bytes copy.
     Halo,
+    /// Batched linear operator: tiles on the device against unsplit, and the overlap of
+    /// transfers with compute.
+    Linop,
 }
 
 /// Options of `cuferry bench`.
@@ -76,7 +80,7 @@ pub fn run(args: &BenchArgs) -> ExitCode {
         }
     };
     let sections = if args.section.is_empty() {
-        vec![Section::Copy, Section::Ring, Section::Managed, Section::Halo]
+        vec![Section::Copy, Section::Ring, Section::Managed, Section::Halo, Section::Linop]
     } else {
         args.section.clone()
     };
@@ -97,6 +101,7 @@ pub fn run(args: &BenchArgs) -> ExitCode {
             Section::Ring => ring::run(device, args.quick),
             Section::Managed => managed::run(device, args.quick),
             Section::Halo => halo::run(device, args.quick),
+            Section::Linop => linop::run(device, args.quick),
         };
         match result {
             Ok(mut r) => rows.append(&mut r),

@@ -1,0 +1,117 @@
+//! The linop section: a Dense f64 operator `y[b,o] = sum_i W[o,i] x[b,i]` (b = 4096, i = 256,
+//! o = 64: 8 MiB in, 2 MiB out) with its data on the host, applied
+//! - unsplit (on the host: the baseline of the tiling overhead);
+//! - batched along `b` into 8 tiles of 1 MiB placed on the device (the host backend: two host
+//!   "devices"): ToDevice in, Dense, ToDevice out per tile, pipelined by events;
+//! - and, for the same tiles, the serial sum of the parts (each tile's transfer in, compute
+//!   and transfer out timed one after another): on a GPU, pipelined / serial shows how much
+//!   transfer overlaps compute.
+//!
+//! Figures are times per apply (median of repeats, waits included), reported as GB/s of input.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use cuferry::linop::{
+    create_batched_linop, Array, BatchSpec, Dense, DeviceMatrix, Dims, Linop, LinopRef, ToDevice,
+};
+use cuferry::{Device, DeviceSpec, Result};
+
+use super::measure::{gbps, median_secs};
+use super::report::Row;
+
+const B: usize = 4096;
+const I: usize = 256;
+const O: usize = 64;
+const TILES: usize = 8;
+
+fn values(n: usize, seed: u64) -> Vec<f64> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % 2000) as f64 / 1000.0 - 1.0
+        })
+        .collect()
+}
+
+fn dense(spec: &DeviceSpec, rows: usize) -> Result<LinopRef<f64>> {
+    let w = Array::from_slice(spec, &[O, I], &values(O * I, 1))?;
+    let idims = Dims::new(&[("b", rows), ("i", I)])?;
+    let odims = Dims::new(&[("b", rows), ("o", O)])?;
+    Ok(Arc::new(Dense::new(w, &["o", "i"], idims, odims)?))
+}
+
+/// Runs the section and returns its rows.
+pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
+    let repeats = if quick { 3 } else { 7 };
+    let base = DeviceSpec::new(Device::Host)?;
+    let op = dense(&base, B)?;
+    let x = Array::from_slice(&base, &[B, I], &values(B * I, 2))?;
+    let bytes = B * I * 8;
+    let unsplit = median_secs(repeats, || op.apply(&x)?.synchronize())?;
+
+    // Tiles on the device (two host "devices" on the host backend).
+    let devices = if device.is_host() { vec![Device::Host; 2] } else { vec![device] };
+    let matrix = DeviceMatrix::from_devices(&[devices.len()], &devices)?;
+    let spec = BatchSpec::new(&[("b", B / TILES)]).devices(matrix).base(base.clone());
+    let batched = create_batched_linop(Arc::clone(&op), &[spec])?;
+    let pipelined = median_secs(repeats, || batched.apply(&x)?.synchronize())?;
+
+    // The same tile's parts, one after another.
+    let rows = B / TILES;
+    let target = DeviceSpec::new(device)?;
+    let tile_op = dense(&base, rows)?.place_on(&target)?;
+    let tile_x = x.slice(0, 0..rows)?;
+    let up = ToDevice::new(base.clone(), target.clone(), Dims::new(&[("b", rows), ("i", I)])?);
+    let down = ToDevice::new(target.clone(), base.clone(), Dims::new(&[("b", rows), ("o", O)])?);
+    let (mut t_in, mut t_compute, mut t_out) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..repeats + 1 {
+        let t = Instant::now();
+        let on = up.apply(&tile_x)?;
+        on.synchronize()?;
+        t_in.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        let y = tile_op.apply(&on)?;
+        y.synchronize()?;
+        t_compute.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        down.apply(&y)?.synchronize()?;
+        t_out.push(t.elapsed().as_secs_f64());
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let serial = TILES as f64 * (median(&mut t_in) + median(&mut t_compute) + median(&mut t_out));
+    let place = if device.is_host() { "2 host devices".to_string() } else { device.to_string() };
+    Ok(vec![
+        Row {
+            section: "linop",
+            case: "Dense f64 unsplit (host)".into(),
+            bytes,
+            params: format!("{:.2} ms", unsplit * 1e3),
+            value: gbps(bytes, unsplit),
+            unit: "GB/s",
+            ceiling: None,
+            baseline: None,
+        },
+        Row {
+            section: "linop",
+            case: format!("batched, {TILES} tiles of 1 MiB on {place}, pipelined"),
+            bytes,
+            params: format!(
+                "{:.2} ms; serial parts {:.2} ms; overlap {:.2}x",
+                pipelined * 1e3,
+                serial * 1e3,
+                serial / pipelined
+            ),
+            value: gbps(bytes, pipelined),
+            unit: "GB/s",
+            ceiling: Some(("serial sum of parts".into(), gbps(bytes, serial))),
+            baseline: Some(("unsplit on the host".into(), gbps(bytes, unsplit))),
+        },
+    ])
+}
