@@ -81,6 +81,25 @@ pub enum Error {
         /// The error that closed it, if it was closed by a failure rather than on purpose.
         reason: Option<Box<Error>>,
     },
+    /// An MPI call failed (feature `mpi`).
+    #[error("{call} failed with MPI error class {class}: {message}")]
+    Mpi {
+        /// The MPI function.
+        call: &'static str,
+        /// The MPI error class (`MPI_Error_class` of the returned code).
+        class: i32,
+        /// The library's description of the error.
+        message: String,
+    },
+    /// Another process of a collective operation failed or reported a failure (feature
+    /// `mpi`): this process stopped waiting for it instead of hanging.
+    #[error("rank {rank} failed: {what}")]
+    PeerFailed {
+        /// The rank that failed (its rank in the communicator of the operation).
+        rank: i32,
+        /// What it reported, or what was seen of it.
+        what: String,
+    },
     /// Freeing a resource in `Drop` failed earlier; reported at the next checked call.
     #[error("an earlier drop failed: {0}")]
     DropFailed(Box<Error>),

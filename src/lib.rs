@@ -37,6 +37,8 @@
 pub mod copy;
 mod cuda;
 pub mod device;
+#[cfg(feature = "mpi")]
+pub mod distributed;
 mod error;
 pub mod event;
 pub mod ffi;

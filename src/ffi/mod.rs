@@ -57,6 +57,10 @@ pub enum CuferryStatus {
     Closed = 8,
     /// A Rust panic was caught (a bug in cuferry).
     Panic = 9,
+    /// An MPI call failed.
+    Mpi = 10,
+    /// Another process of a collective operation failed.
+    PeerFailed = 11,
 }
 
 impl From<&Error> for CuferryStatus {
@@ -71,6 +75,8 @@ impl From<&Error> for CuferryStatus {
             Error::Timeout { .. } => CuferryStatus::Timeout,
             Error::Closed { .. } => CuferryStatus::Closed,
             Error::HostFnPanicked { .. } => CuferryStatus::Panic,
+            Error::Mpi { .. } => CuferryStatus::Mpi,
+            Error::PeerFailed { .. } => CuferryStatus::PeerFailed,
         }
     }
 }
@@ -176,6 +182,8 @@ pub extern "C" fn cuferry_status_name(status: i32) -> *const c_char {
         7 => "CUFERRY_STATUS_TIMEOUT\0",
         8 => "CUFERRY_STATUS_CLOSED\0",
         9 => "CUFERRY_STATUS_PANIC\0",
+        10 => "CUFERRY_STATUS_MPI\0",
+        11 => "CUFERRY_STATUS_PEER_FAILED\0",
         _ => "CUFERRY_STATUS_UNKNOWN\0",
     };
     name.as_ptr().cast()

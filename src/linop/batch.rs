@@ -110,30 +110,35 @@ impl DeviceMatrix {
 
     /// The spec for the tile at `index`, repeating the matrix along each axis.
     fn for_tile(&self, index: &[usize]) -> &DeviceSpec {
-        let flat =
-            self.shape.iter().enumerate().fold(0, |acc, (a, &n)| acc * n + index.get(a).map_or(0, |i| i % n));
-        &self.specs[flat]
+        &self.specs[grid_entry(&self.shape, index)]
     }
+}
 
-    /// Checks that the matrix fits a tile grid of `grid`.
-    fn check_fits(&self, dims: &[String], grid: &[usize]) -> Result<()> {
-        if self.shape.len() > grid.len() {
+/// The row-major entry of a grid of `shape` for the tile at `index`, repeating the grid along
+/// each axis (axes the grid lacks count as size 1).
+pub(crate) fn grid_entry(shape: &[usize], index: &[usize]) -> usize {
+    shape.iter().enumerate().fold(0, |acc, (a, &n)| acc * n + index.get(a).map_or(0, |i| i % n))
+}
+
+/// Checks that a placement grid of `shape` fits a tile grid of `grid` (split along `dims`):
+/// no more axes, and no more entries along an axis than there are tiles.
+pub(crate) fn check_grid_fits(shape: &[usize], dims: &[String], grid: &[usize]) -> Result<()> {
+    if shape.len() > grid.len() {
+        return Err(Error::invalid(format!(
+            "a {}-d placement matrix for a {}-d tile grid (dims {dims:?})",
+            shape.len(),
+            grid.len()
+        )));
+    }
+    for (a, (&m, &g)) in shape.iter().zip(grid).enumerate() {
+        if m > g {
             return Err(Error::invalid(format!(
-                "a {}-d device matrix for a {}-d tile grid (dims {dims:?})",
-                self.shape.len(),
-                grid.len()
+                "the placement matrix has {m} entries along axis {a} (dim {:?}) but there are only {g} tiles",
+                dims[a]
             )));
         }
-        for (a, (&m, &g)) in self.shape.iter().zip(grid).enumerate() {
-            if m > g {
-                return Err(Error::invalid(format!(
-                    "the device matrix has {m} devices along axis {a} (dim {:?}) but there are only {g} tiles",
-                    dims[a]
-                )));
-            }
-        }
-        Ok(())
     }
+    Ok(())
 }
 
 /// How to split an operator and where to put the tiles. See the [module docs](crate::linop).
@@ -215,7 +220,7 @@ fn build<T: Field>(
     }
     let spec_dims: Vec<String> = spec.batch_sizes.iter().map(|(d, _)| d.clone()).collect();
     if let Some(m) = &spec.device_matrix {
-        m.check_fits(&spec_dims, &full_shape)?;
+        check_grid_fits(m.shape(), &spec_dims, &full_shape)?;
     }
     let mut items: Vec<LinopRef<T>> = Vec::with_capacity(grid.tiles.len());
     for tile in grid.tiles {
@@ -226,11 +231,7 @@ fn build<T: Field>(
                 let mut index = tile.index.iter();
                 let full_index: Vec<usize> =
                     known.iter().map(|k| if *k { index.next().copied().unwrap_or(0) } else { 0 }).collect();
-                let dev = m.for_tile(&full_index);
-                let inner = build(tile.linop.place_on(dev)?, rest, Some(dev), false)?;
-                let to = ToDevice::new(base.clone(), dev.clone(), inner.idims().clone());
-                let back = ToDevice::new(dev.clone(), base.clone(), inner.odims().clone());
-                Arc::new(Chain::new(vec![Arc::new(to), inner, Arc::new(back)])?) as LinopRef<T>
+                place_tile(&tile.linop, rest, base, m.for_tile(&full_index))?
             }
             None => build(tile.linop, rest, base, false)?,
         };
@@ -244,6 +245,20 @@ fn build<T: Field>(
             .collect::<Result<Vec<_>>>()?;
     }
     items.pop().ok_or_else(|| Error::invalid("a tile grid without tiles"))
+}
+
+/// A tile placed on `dev`: `ToDevice(base -> dev)`, the tile with its parameters on `dev` and
+/// the remaining specs `rest` applied, `ToDevice(dev -> base)`.
+pub(crate) fn place_tile<T: Field>(
+    tile: &LinopRef<T>,
+    rest: &[BatchSpec],
+    base: &DeviceSpec,
+    dev: &DeviceSpec,
+) -> Result<LinopRef<T>> {
+    let inner = build(tile.place_on(dev)?, rest, Some(dev), false)?;
+    let to = ToDevice::new(base.clone(), dev.clone(), inner.idims().clone());
+    let back = ToDevice::new(dev.clone(), base.clone(), inner.odims().clone());
+    Ok(Arc::new(Chain::new(vec![Arc::new(to), inner, Arc::new(back)])?))
 }
 
 /// Puts the tiles of one grid row along `dim` back together.

@@ -1,0 +1,547 @@
+//! [`HaloCommunicator`]: halo exchange between processes: pack, send and receive the packed
+//! buffers without blocking, unpack.
+//!
+//! Rules:
+//! - A link is one packed message: a send link packs from a local tile's arrays and sends the
+//!   pack buffer to `peer` with `tag`; a receive link receives from `peer` with `tag` into its
+//!   packer's unpack buffer and unpacks into a local tile's arrays. The two ends of a message
+//!   are built from the same exchanges on both ranks (the sender uses their pack side, the
+//!   receiver their unpack side), so the layouts agree by construction; the byte count of
+//!   every message is checked anyway.
+//! - One `exchange` = post every receive, queue every pack at once, then (polling) send each
+//!   pack buffer as soon as its pack finished (sends overlap the packing of later links) and
+//!   queue each unpack as soon as its message landed; return when every message went out and
+//!   every unpack finished. Every pack is queued before any unpack, and the arrays' trackers
+//!   keep that order, so packs read the arrays as they were before the exchange (corners
+//!   taken from halos see the old halos), exactly as a single-process pack-then-unpack.
+//! - Memory handed to MPI: host-backend buffers always go straight to MPI; CUDA buffers go
+//!   straight to MPI only when the MPI is CUDA-aware ([`cuda_aware_mpi`], or forced with
+//!   [`Staging::Direct`]), otherwise through pinned staging buffers made once per link.
+//! - Nothing hangs: waiting polls with a deadline ([`ExchangeOptions::timeout`], an
+//!   [`Error::Timeout`] when it passes). A rank whose exchange fails tells its peers (a message
+//!   on a reserved tag of the communicator's private duplicate), and they return
+//!   [`Error::PeerFailed`] instead of waiting for it. After any failure the communicator is
+//!   closed ([`Error::Closed`] from then on): messages may still be in flight, so its buffers
+//!   are leaked rather than freed under MPI (at most one step's buffers, once).
+//! - Tags are `0..MAX_TAG` (MPI guarantees at least 32767); a (peer, tag) pair names one
+//!   message per direction, so it may appear once among the sends and once among the receives.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use ::mpi::raw::AsRaw;
+use ::mpi::topology::Communicator;
+
+use super::raw::{self, PrivateComm, RawRequest};
+use crate::copy::copy;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::halo::HaloPacker;
+use crate::memory::{DeviceBuffer, Element, PinnedBuffer};
+
+/// Tags of links are below this; the communicator uses this tag for failure notices.
+pub const MAX_TAG: i32 = 32767;
+
+/// The tag of failure notices on the private communicator.
+const ABORT_TAG: i32 = MAX_TAG;
+
+/// Where CUDA buffers are when MPI reads or writes them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Staging {
+    /// Directly when the MPI library reports CUDA support ([`cuda_aware_mpi`]), else staged.
+    #[default]
+    Auto,
+    /// Device pointers go straight to MPI (a CUDA-aware MPI is the caller's promise).
+    Direct,
+    /// Through pinned host buffers, whatever the MPI supports.
+    Host,
+}
+
+/// Whether the MPI library says it handles CUDA device pointers (`MPIX_Query_cuda_support`);
+/// `false` when it does not say (the symbol is absent, as in Debian's Open MPI).
+pub fn cuda_aware_mpi() -> bool {
+    raw::query_cuda_support().unwrap_or(false)
+}
+
+/// Settings of a [`HaloCommunicator`].
+#[derive(Clone, Copy, Debug)]
+pub struct ExchangeOptions {
+    /// How CUDA buffers reach MPI.
+    pub staging: Staging,
+    /// The longest one exchange waits for its peers before returning [`Error::Timeout`].
+    pub timeout: Duration,
+}
+
+impl Default for ExchangeOptions {
+    fn default() -> Self {
+        ExchangeOptions { staging: Staging::Auto, timeout: Duration::from_secs(60) }
+    }
+}
+
+/// One message of an exchange: its peer, tag, local tile and packer.
+#[derive(Debug)]
+pub struct HaloLink {
+    peer: i32,
+    tag: i32,
+    tile: usize,
+    packer: HaloPacker,
+}
+
+impl HaloLink {
+    /// A link with `peer` (a rank of the communicator) carrying `tag`, packing from or
+    /// unpacking into the arrays of local tile `tile` (an index into the tiles passed to
+    /// [`HaloCommunicator::exchange_tiles`]; 0 for [`HaloCommunicator::exchange`]).
+    pub fn new(peer: i32, tag: i32, tile: usize, packer: HaloPacker) -> Self {
+        HaloLink { peer, tag, tile, packer }
+    }
+
+    /// The peer rank.
+    pub fn peer(&self) -> i32 {
+        self.peer
+    }
+
+    /// The message tag.
+    pub fn tag(&self) -> i32 {
+        self.tag
+    }
+
+    /// The local tile.
+    pub fn tile(&self) -> usize {
+        self.tile
+    }
+
+    /// The packer.
+    pub fn packer(&self) -> &HaloPacker {
+        &self.packer
+    }
+}
+
+/// The arrays of one local tile: one per quantity (x components), and the y components of
+/// vector quantities. A link's packer lists its exchanges quantity-major (`k` regions of
+/// quantity 0, then `k` regions of quantity 1, ...); each region of quantity `q` is packed
+/// from, or unpacked into, `x[q]` (and `y[q]`).
+#[derive(Clone, Copy, Debug)]
+pub struct TileArrays<'a, T: Element> {
+    /// The arrays (x components of vectors), in the order of the packers' exchanges.
+    pub x: &'a [&'a DeviceBuffer<T>],
+    /// The y components, for packers built with vector exchanges.
+    pub y: Option<&'a [&'a DeviceBuffer<T>]>,
+}
+
+/// Where the time of one exchange went, as consecutive intervals of the calling thread.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ExchangeTiming {
+    /// From the start until every pack (and its staging copy) finished.
+    pub pack: Duration,
+    /// From then until every message was sent and received.
+    pub transfer: Duration,
+    /// From then until every unpack finished.
+    pub unpack: Duration,
+    /// Bytes sent.
+    pub bytes_sent: usize,
+    /// Bytes received.
+    pub bytes_received: usize,
+}
+
+impl ExchangeTiming {
+    /// The whole exchange.
+    pub fn total(&self) -> Duration {
+        self.pack + self.transfer + self.unpack
+    }
+}
+
+/// The state of one link during an exchange.
+#[derive(Debug)]
+struct LinkState {
+    link: HaloLink,
+    /// Pinned staging of the message (CUDA links not handed to MPI directly).
+    stage: Option<PinnedBuffer<u8>>,
+    request: Option<RawRequest>,
+    /// Where a send link is in the current exchange.
+    phase: Phase,
+}
+
+/// The steps of a send link in one exchange.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// The pack is queued.
+    Packing,
+    /// The pack finished; its copy to the pinned stage is queued.
+    Staging,
+    /// The message is posted.
+    Posted,
+}
+
+impl LinkState {
+    fn pending(&self) -> bool {
+        self.request.as_ref().is_some_and(|r| !r.is_done())
+    }
+}
+
+/// Exchanges halos with other processes. See the [module docs](self).
+#[derive(Debug)]
+pub struct HaloCommunicator {
+    comm: PrivateComm,
+    sends: Vec<LinkState>,
+    recvs: Vec<LinkState>,
+    options: ExchangeOptions,
+    direct_cuda: bool,
+    closed: Option<Error>,
+}
+
+impl HaloCommunicator {
+    /// A communicator over a private duplicate of `comm` (so its tags never meet the
+    /// caller's messages), sending through `sends` and receiving through `recvs`. Collective
+    /// over `comm`: every rank calls it (with its own links), and a rank's bad links make the
+    /// others fail too ([`Error::PeerFailed`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a peer outside the communicator, a tag outside
+    /// `0..MAX_TAG`, a (peer, tag) pair used twice in one direction; [`Error::Mpi`] and
+    /// allocation errors of the staging buffers.
+    pub fn new(
+        comm: &impl Communicator,
+        sends: Vec<HaloLink>,
+        recvs: Vec<HaloLink>,
+        options: ExchangeOptions,
+    ) -> Result<Self> {
+        // Duplicate first (collective), then check: links differ between ranks, so a rank
+        // whose links are bad must still reach the agreement the others wait in.
+        let comm = PrivateComm::duplicate(comm);
+        let direct_cuda = match options.staging {
+            Staging::Auto => cuda_aware_mpi(),
+            Staging::Direct => true,
+            Staging::Host => false,
+        };
+        let built = Self::check_links(comm.size(), &sends, &recvs)
+            .and_then(|()| raw::set_errors_return(comm.as_raw()))
+            .and_then(|()| {
+                let state = |link: HaloLink| -> Result<LinkState> {
+                    let stage = match link.packer.device() {
+                        Device::Cuda(_) if !direct_cuda => {
+                            Some(PinnedBuffer::zeroed(link.packer.device(), link.packer.buffer_bytes())?)
+                        }
+                        _ => None,
+                    };
+                    Ok(LinkState { link, stage, request: None, phase: Phase::Posted })
+                };
+                let sends = sends.into_iter().map(state).collect::<Result<Vec<_>>>()?;
+                let recvs = recvs.into_iter().map(state).collect::<Result<Vec<_>>>()?;
+                Ok((sends, recvs))
+            });
+        raw::agree(&comm, built.as_ref().err(), "its halo links were rejected")?;
+        let (sends, recvs) = built?;
+        Ok(HaloCommunicator { sends, recvs, comm, options, direct_cuda, closed: None })
+    }
+
+    fn check_links(size: i32, sends: &[HaloLink], recvs: &[HaloLink]) -> Result<()> {
+        for (what, links) in [("send", sends), ("receive", recvs)] {
+            let mut seen = BTreeSet::new();
+            for l in links {
+                if !(0..size).contains(&l.peer) {
+                    return Err(Error::invalid(format!(
+                        "a {what} link names rank {} of a communicator of {size}",
+                        l.peer
+                    )));
+                }
+                if !(0..MAX_TAG).contains(&l.tag) {
+                    return Err(Error::invalid(format!(
+                        "a {what} link has tag {}, outside 0..{MAX_TAG}",
+                        l.tag
+                    )));
+                }
+                if !seen.insert((l.peer, l.tag)) {
+                    return Err(Error::invalid(format!(
+                        "two {what} links with rank {} use tag {}: messages would be ambiguous",
+                        l.peer, l.tag
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether CUDA buffers go straight to MPI (else through pinned staging).
+    pub fn direct_cuda(&self) -> bool {
+        self.direct_cuda
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> i32 {
+        self.comm.rank()
+    }
+
+    /// The send links.
+    pub fn sends(&self) -> impl Iterator<Item = &HaloLink> {
+        self.sends.iter().map(|s| &s.link)
+    }
+
+    /// The receive links.
+    pub fn receives(&self) -> impl Iterator<Item = &HaloLink> {
+        self.recvs.iter().map(|s| &s.link)
+    }
+
+    /// Bytes one exchange sends.
+    pub fn bytes_sent(&self) -> usize {
+        self.sends.iter().map(|s| s.link.packer.buffer_bytes()).sum()
+    }
+
+    /// The error that closed the communicator, if one did.
+    pub fn closed_by(&self) -> Option<&Error> {
+        self.closed.as_ref()
+    }
+
+    /// [`HaloCommunicator::exchange_tiles`] for one local tile.
+    ///
+    /// # Errors
+    ///
+    /// As [`HaloCommunicator::exchange_tiles`].
+    pub fn exchange<T: Element>(
+        &mut self,
+        arrays_x: &[&DeviceBuffer<T>],
+        arrays_y: Option<&[&DeviceBuffer<T>]>,
+    ) -> Result<ExchangeTiming> {
+        self.exchange_tiles(&[TileArrays { x: arrays_x, y: arrays_y }])
+    }
+
+    /// One exchange: packs every send link from its tile's arrays, sends and receives every
+    /// message, unpacks every receive link into its tile's arrays; returns when the unpacks
+    /// finished. Collective over the peers: each must call it once per step.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a link naming a missing tile, the errors of
+    /// [`HaloPacker::pack`] and [`HaloPacker::unpack`] (bad arrays), a message of the wrong
+    /// size; [`Error::PeerFailed`] when a peer reported a failure; [`Error::Timeout`] when the
+    /// peers did not complete in time; [`Error::Mpi`] and CUDA errors; [`Error::Closed`] once
+    /// an exchange failed. A failure closes the communicator and tells the peers.
+    pub fn exchange_tiles<T: Element>(&mut self, tiles: &[TileArrays<'_, T>]) -> Result<ExchangeTiming> {
+        if let Some(e) = &self.closed {
+            return Err(Error::Closed { reason: Some(Box::new(e.clone())) });
+        }
+        let result = self.run(tiles);
+        if let Err(e) = &result {
+            self.fail(e);
+        }
+        result
+    }
+
+    fn run<T: Element>(&mut self, tiles: &[TileArrays<'_, T>]) -> Result<ExchangeTiming> {
+        let start = Instant::now();
+        let deadline = start + self.options.timeout;
+        let comm = self.comm.as_raw();
+        for s in self.sends.iter().chain(&self.recvs) {
+            if s.link.tile >= tiles.len() {
+                return Err(Error::invalid(format!(
+                    "a link names tile {} but {} tiles were passed",
+                    s.link.tile,
+                    tiles.len()
+                )));
+            }
+        }
+        let mut timing = ExchangeTiming::default();
+        // Receives first: no message has to wait as unexpected.
+        for r in &mut self.recvs {
+            let bytes = r.link.packer.buffer_bytes();
+            let ptr = match &mut r.stage {
+                Some(stage) => stage.as_mut_slice()?.as_mut_ptr(),
+                None => r.link.packer.unpack_buffer_mut()?.as_mut_ptr(),
+            };
+            // SAFETY: the buffer has `bytes` bytes and is idle (both accessors waited); nothing
+            // else touches it until the request completes: the unpack that reads it is queued
+            // after completion, and on failure the buffer is leaked (`fail`).
+            r.request = Some(unsafe { RawRequest::recv(ptr, bytes, r.link.peer, r.link.tag, comm)? });
+        }
+        for s in &mut self.sends {
+            let (x, y) = per_exchange(&s.link, &tiles[s.link.tile])?;
+            s.link.packer.pack(&x, y.as_deref())?;
+            s.phase = Phase::Packing;
+        }
+        let mut packed = false;
+        let mut idle_polls = 0u32;
+        loop {
+            let mut progress = false;
+            for s in &mut self.sends {
+                if s.phase == Phase::Posted || !s.link.packer.ready()? {
+                    continue;
+                }
+                if let (Phase::Packing, Some(stage)) = (s.phase, &mut s.stage) {
+                    // The pack finished: copy it to the pinned stage (`ready` again after it).
+                    copy(s.link.packer.stream(), s.link.packer.pack_buffer()?, stage)?;
+                    s.phase = Phase::Staging;
+                    progress = true;
+                    continue;
+                }
+                let bytes = s.link.packer.buffer_bytes();
+                let ptr = match &s.stage {
+                    Some(stage) => stage.as_slice()?.as_ptr(),
+                    None => s.link.packer.pack_buffer()?.as_ptr(),
+                };
+                // SAFETY: the packed bytes (or their staged copy) are complete (`ready`, and the
+                // accessors waited) and nothing writes them until the send completes: the next
+                // pack is queued by the next exchange, which starts after this one's sends
+                // completed; on failure the buffer is leaked (`fail`).
+                s.request = Some(unsafe { RawRequest::send(ptr, bytes, s.link.peer, s.link.tag, comm)? });
+                s.phase = Phase::Posted;
+                timing.bytes_sent += bytes;
+                progress = true;
+            }
+            if !packed && self.sends.iter().all(|s| s.phase == Phase::Posted) {
+                packed = true;
+                timing.pack = start.elapsed();
+            }
+            for s in &mut self.sends {
+                if let Some(req) = &mut s.request {
+                    if !req.is_done() && req.test()?.is_some() {
+                        progress = true;
+                    }
+                }
+            }
+            for r in &mut self.recvs {
+                let Some(req) = &mut r.request else { continue };
+                if req.is_done() {
+                    continue;
+                }
+                let Some(got) = req.test()? else { continue };
+                let want = r.link.packer.buffer_bytes();
+                if got != want {
+                    return Err(Error::invalid(format!(
+                        "rank {} sent {got} bytes with tag {}, but this link unpacks {want}",
+                        r.link.peer, r.link.tag
+                    )));
+                }
+                timing.bytes_received += got;
+                let stream = r.link.packer.stream().clone();
+                if let Some(stage) = &r.stage {
+                    copy(&stream, stage, r.link.packer.unpack_buffer_mut()?)?;
+                }
+                let (x, y) = per_exchange(&r.link, &tiles[r.link.tile])?;
+                r.link.packer.unpack(&x, y.as_deref())?;
+                progress = true;
+            }
+            let sent = self.sends.iter().all(|s| s.phase == Phase::Posted && !s.pending());
+            let received = self.recvs.iter().all(|r| !r.pending());
+            if sent && received {
+                break;
+            }
+            if let Some(from) = raw::probe_any(ABORT_TAG, comm)? {
+                let notice = raw::recv_probed(from, ABORT_TAG, comm)?;
+                return Err(read_notice(from, &notice));
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    what: "a halo exchange: a peer did not send or receive in time",
+                    waited: start.elapsed(),
+                });
+            }
+            idle_polls = if progress { 0 } else { idle_polls.saturating_add(1) };
+            back_off(idle_polls);
+        }
+        let transferred = start.elapsed();
+        if !packed {
+            timing.pack = transferred;
+        }
+        timing.transfer = transferred.saturating_sub(timing.pack);
+        for r in &self.recvs {
+            r.link.packer.synchronize()?;
+        }
+        timing.unpack = start.elapsed().saturating_sub(transferred);
+        for s in self.sends.iter_mut().chain(self.recvs.iter_mut()) {
+            s.request = None;
+        }
+        Ok(timing)
+    }
+
+    /// Closes the communicator after `err`: tells every peer, abandons pending requests, and
+    /// leaks the buffers MPI may still access.
+    fn fail(&mut self, err: &Error) {
+        self.closed = Some(err.clone());
+        let comm = self.comm.as_raw();
+        let me = self.comm.rank();
+        let peers: BTreeSet<i32> =
+            self.sends.iter().chain(&self.recvs).map(|s| s.link.peer).filter(|&p| p != me).collect();
+        // Forwarded too (a peer's failure), so that every rank connected to the failing one
+        // through any chain of links hears of it instead of timing out.
+        let notice: &'static [u8] = Box::leak(write_notice(me, err).into_boxed_slice());
+        for p in peers {
+            // Best effort: a peer that is gone cannot be told.
+            let _ = raw::send_and_forget(notice, p, ABORT_TAG, comm);
+        }
+        let in_flight = self.sends.iter().chain(&self.recvs).any(LinkState::pending);
+        if in_flight {
+            // Cancel and free the requests (their Drop), then leak the buffers: MPI may still
+            // read or write them.
+            let mut links: Vec<LinkState> = self.sends.drain(..).chain(self.recvs.drain(..)).collect();
+            for s in &mut links {
+                s.request = None;
+            }
+            std::mem::forget(links);
+        } else {
+            for s in self.sends.iter_mut().chain(self.recvs.iter_mut()) {
+                s.request = None;
+            }
+        }
+    }
+}
+
+/// The packer's array lists for a tile: its exchanges are quantity-major (`k` regions of
+/// quantity 0, then `k` of quantity 1, ...), the tile has one array per quantity.
+#[allow(clippy::type_complexity)]
+fn per_exchange<'a, T: Element>(
+    link: &HaloLink,
+    tile: &TileArrays<'a, T>,
+) -> Result<(Vec<&'a DeviceBuffer<T>>, Option<Vec<&'a DeviceBuffer<T>>>)> {
+    let exchanges = link.packer.quantities();
+    let quantities = tile.x.len();
+    if quantities == 0 || exchanges % quantities != 0 {
+        return Err(Error::invalid(format!(
+            "tile {} has {quantities} arrays but the link's packer has {exchanges} exchanges (not a multiple)",
+            link.tile
+        )));
+    }
+    let regions = exchanges / quantities;
+    let expand = |arrays: &[&'a DeviceBuffer<T>]| -> Vec<&'a DeviceBuffer<T>> {
+        (0..exchanges).map(|i| arrays[(i / regions).min(arrays.len() - 1)]).collect()
+    };
+    let y = match tile.y {
+        Some(y) if y.len() != quantities => {
+            return Err(Error::invalid(format!(
+                "tile {} has {quantities} x arrays but {} y arrays",
+                link.tile,
+                y.len()
+            )))
+        }
+        Some(y) => Some(expand(y)),
+        None => None,
+    };
+    Ok((expand(tile.x), y))
+}
+
+/// A failure notice: the rank where the failure began, a newline, what happened there.
+fn write_notice(me: i32, err: &Error) -> Vec<u8> {
+    match err {
+        Error::PeerFailed { rank, what } => format!("{rank}\n{what}"),
+        other => format!("{me}\n{other}"),
+    }
+    .into_bytes()
+}
+
+/// The error a notice from rank `from` stands for.
+fn read_notice(from: i32, notice: &[u8]) -> Error {
+    let text = String::from_utf8_lossy(notice);
+    match text.split_once('\n').and_then(|(r, w)| Some((r.parse::<i32>().ok()?, w))) {
+        Some((rank, what)) => Error::PeerFailed { rank, what: what.to_owned() },
+        None => Error::PeerFailed { rank: from, what: text.into_owned() },
+    }
+}
+
+/// Polls spin briefly, then yield, then sleep a little: ranks may share cores (oversubscribed
+/// runs), and a spinning rank would starve the one it waits for.
+fn back_off(idle_polls: u32) {
+    match idle_polls {
+        0..=64 => std::hint::spin_loop(),
+        65..=1024 => std::thread::yield_now(),
+        _ => std::thread::sleep(Duration::from_micros(50)),
+    }
+}

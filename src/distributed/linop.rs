@@ -1,0 +1,551 @@
+//! [`create_distributed_linop`]: a batched linear operator whose tiles run on several
+//! processes, each on a device of its own.
+//!
+//! Rules:
+//! - SPMD: every rank of the communicator builds the same operator and calls
+//!   [`create_distributed_linop`] with the same spec; every rank then calls
+//!   [`DistributedLinop::apply`] (or `apply_all`) together. The operator is split exactly as
+//!   [`split_linop`](crate::linop::split_linop) splits it; a rank keeps only the tiles its
+//!   [`RankMatrix`] entries name (repeated along each axis like a
+//!   [`DeviceMatrix`](crate::linop::DeviceMatrix)), placed on the entry's device and split
+//!   further by the spec's `local` specs, exactly as
+//!   [`create_batched_linop`](crate::linop::create_batched_linop) places tiles.
+//! - Data: the input lives on the base rank (host memory there); it is broadcast to every
+//!   rank, each rank applies its tiles to their input slices, and the results meet on the base
+//!   rank. Dims split in the output (batch or output dims: `Concat` in a single process)
+//!   become a gather to the base rank; dims split only in the input or inside the operator
+//!   (`Add`) become a sum: `MPI_Reduce` (`MPI_Allreduce` for `apply_all`) when no output dim
+//!   is split, else each rank's partial blocks are gathered and summed on the base rank.
+//!   Complex values travel as pairs of reals, so sums are exact complex sums.
+//! - Errors never hang the others: before any data moves the ranks agree (`MPI_Allreduce`)
+//!   on whether every rank's input and tiles succeeded; a failing rank returns its error and
+//!   the others [`Error::PeerFailed`] naming it. A rank that dies outright is MPI's business
+//!   (mpirun ends the job).
+//! - MPI messages carry at most `i32::MAX` scalars: the broadcast and the sum go in chunks,
+//!   a gather larger than that is an [`Error::InvalidArgument`] (split the output finer).
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use ::mpi::collective::{CommunicatorCollectives, Root, SystemOperation};
+use ::mpi::datatype::{Equivalence, PartitionMut};
+use ::mpi::topology::{Communicator, SimpleCommunicator};
+
+use super::raw::{agree, PrivateComm};
+use crate::device::{Device, DeviceSpec};
+use crate::error::{Error, Result};
+use crate::linop::{
+    check_grid_fits, dim_role, grid_entry, place_tile, split_linop, Array, BatchSpec, DimRole, Dims, Field,
+    LinopRef, Tile,
+};
+
+/// Where a tile runs: a rank of the communicator and a device of that rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RankDevice {
+    /// The rank.
+    pub rank: i32,
+    /// The device on that rank.
+    pub device: Device,
+}
+
+impl RankDevice {
+    /// `device` on `rank`.
+    pub fn new(rank: i32, device: Device) -> Self {
+        RankDevice { rank, device }
+    }
+}
+
+/// An n-d grid of (rank, device) entries, row-major, placing tiles like a
+/// [`DeviceMatrix`](crate::linop::DeviceMatrix).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RankMatrix {
+    shape: Vec<usize>,
+    entries: Vec<RankDevice>,
+}
+
+impl RankMatrix {
+    /// A grid of `shape` holding `entries` in row-major order.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when the grid is empty or `entries.len()` is not the product
+    /// of `shape`.
+    pub fn new(shape: &[usize], entries: Vec<RankDevice>) -> Result<Self> {
+        let n: usize = shape.iter().product();
+        if n == 0 || n != entries.len() {
+            return Err(Error::invalid(format!(
+                "a rank matrix of shape {shape:?} needs {n} > 0 entries, got {}",
+                entries.len()
+            )));
+        }
+        Ok(RankMatrix { shape: shape.to_vec(), entries })
+    }
+
+    /// A 1-d grid with one entry per rank `0..ranks`, all on `device`.
+    ///
+    /// # Errors
+    ///
+    /// As [`RankMatrix::new`].
+    pub fn one_per_rank(ranks: i32, device: Device) -> Result<Self> {
+        let entries: Vec<RankDevice> = (0..ranks).map(|r| RankDevice::new(r, device)).collect();
+        Self::new(&[entries.len()], entries)
+    }
+
+    /// The grid's shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The entries in row-major order.
+    pub fn entries(&self) -> &[RankDevice] {
+        &self.entries
+    }
+}
+
+/// How to split an operator over ranks. See the [module docs](self).
+#[derive(Clone, Debug)]
+pub struct DistributedBatchSpec {
+    /// `(dim, batch size)` pairs; the tile grid's axes follow this order.
+    pub batch_sizes: Vec<(String, usize)>,
+    /// Where the tiles run.
+    pub ranks: RankMatrix,
+    /// The rank holding the input and receiving the result.
+    pub base_rank: i32,
+    /// Specs applied to each tile on its rank (a further split over that rank's devices).
+    pub local: Vec<BatchSpec>,
+}
+
+impl DistributedBatchSpec {
+    /// A spec splitting by `batch_sizes` over `ranks`, with base rank 0 and no local specs.
+    pub fn new<S: AsRef<str>>(batch_sizes: &[(S, usize)], ranks: RankMatrix) -> Self {
+        DistributedBatchSpec {
+            batch_sizes: batch_sizes.iter().map(|(d, b)| (d.as_ref().to_owned(), *b)).collect(),
+            ranks,
+            base_rank: 0,
+            local: Vec::new(),
+        }
+    }
+
+    /// The spec with the data on `rank`.
+    pub fn base_rank(mut self, rank: i32) -> Self {
+        self.base_rank = rank;
+        self
+    }
+
+    /// The spec with `local` specs applied to each tile on its rank.
+    pub fn local(mut self, local: Vec<BatchSpec>) -> Self {
+        self.local = local;
+        self
+    }
+}
+
+/// A tile this rank computes.
+#[derive(Debug)]
+struct LocalTile<T: Field> {
+    op: LinopRef<T>,
+    islices: Vec<Range<usize>>,
+    /// The tile's output block (index into `DistributedLinop::blocks`).
+    block: usize,
+}
+
+/// How results meet on the base rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Assembly {
+    /// Every tile writes the whole output: sum with `MPI_Reduce`.
+    Reduce,
+    /// Tiles write blocks: gather each rank's partial blocks, sum them on the base rank.
+    Gather,
+}
+
+/// A linear operator whose tiles run on several ranks. See the [module docs](self).
+#[derive(Debug)]
+pub struct DistributedLinop<T: Field> {
+    op: LinopRef<T>,
+    spec: DistributedBatchSpec,
+    comm: PrivateComm,
+    /// Host memory of this rank: the input copy and the results live here.
+    host: DeviceSpec,
+    idims: Dims,
+    odims: Dims,
+    tiles: Vec<LocalTile<T>>,
+    /// The output region of every block, in block order.
+    blocks: Vec<Vec<Range<usize>>>,
+    /// For every rank, the blocks it holds partial sums of (sorted).
+    rank_blocks: Vec<Vec<usize>>,
+    assembly: Assembly,
+}
+
+/// Splits `op` by `spec` over the ranks of `comm` (collective: every rank calls it with the
+/// same operator and spec). See the [module docs](self).
+///
+/// # Errors
+///
+/// [`Error::InvalidArgument`] for a rank outside the communicator, a rank matrix that does
+/// not fit the tile grid, an unknown dim or a batch size of 0; the errors of splitting and
+/// placing the tiles.
+pub fn create_distributed_linop<T: Field>(
+    op: LinopRef<T>,
+    spec: &DistributedBatchSpec,
+    comm: &impl Communicator,
+) -> Result<DistributedLinop<T>> {
+    let size = comm.size();
+    let me = comm.rank();
+    if !(0..size).contains(&spec.base_rank) {
+        return Err(Error::invalid(format!("base rank {} of a communicator of {size}", spec.base_rank)));
+    }
+    if let Some(bad) = spec.ranks.entries.iter().find(|e| !(0..size).contains(&e.rank)) {
+        return Err(Error::invalid(format!(
+            "the rank matrix names rank {} of a communicator of {size}",
+            bad.rank
+        )));
+    }
+    let grid = split_linop(op.as_ref(), &spec.batch_sizes)?;
+    check_grid_fits(&spec.ranks.shape, &grid.dims, &grid.shape)?;
+    // Everything above is the same on every rank; placing tiles is not (devices differ), so
+    // the ranks agree on it after duplicating the communicator.
+    let comm = PrivateComm::duplicate(comm);
+    let output_split =
+        grid.dims.iter().any(|d| matches!(dim_role(op.as_ref(), d), DimRole::Both | DimRole::Output));
+    let mut blocks: Vec<Vec<Range<usize>>> = Vec::new();
+    let mut rank_blocks: Vec<Vec<usize>> = vec![Vec::new(); usize::try_from(size).unwrap_or(0)];
+    let mut mine = Vec::new();
+    for tile in grid.tiles {
+        let block = match blocks.iter().position(|b| *b == tile.oslices) {
+            Some(b) => b,
+            None => {
+                blocks.push(tile.oslices.clone());
+                blocks.len() - 1
+            }
+        };
+        let entry = grid_entry(&spec.ranks.shape, &tile.index);
+        let placement = spec.ranks.entries[entry];
+        let held = &mut rank_blocks[usize::try_from(placement.rank).unwrap_or(0)];
+        if !held.contains(&block) {
+            held.push(block);
+        }
+        if placement.rank == me {
+            mine.push((entry, placement.device, tile, block));
+        }
+    }
+    for held in &mut rank_blocks {
+        held.sort_unstable();
+    }
+    let placed = place_local(mine, &spec.local);
+    agree(&comm, placed.as_ref().err(), "placing its tiles failed")?;
+    let (host, tiles) = placed?;
+    Ok(DistributedLinop {
+        idims: op.idims().clone(),
+        odims: op.odims().clone(),
+        op,
+        spec: spec.clone(),
+        comm,
+        host,
+        tiles,
+        blocks,
+        rank_blocks,
+        assembly: if output_split { Assembly::Gather } else { Assembly::Reduce },
+    })
+}
+
+/// This rank's host spec and its tiles placed on their devices (one spec per rank-matrix
+/// entry, so tiles of different entries run concurrently).
+fn place_local<T: Field>(
+    mine: Vec<(usize, Device, Tile<T>, usize)>,
+    local: &[BatchSpec],
+) -> Result<(DeviceSpec, Vec<LocalTile<T>>)> {
+    let host = DeviceSpec::new(Device::Host)?;
+    let mut entry_specs: BTreeMap<usize, DeviceSpec> = BTreeMap::new();
+    let mut tiles = Vec::with_capacity(mine.len());
+    for (entry, device, tile, block) in mine {
+        let dev = match entry_specs.get(&entry) {
+            Some(d) => d.clone(),
+            None => {
+                let d = DeviceSpec::new(device)?;
+                entry_specs.insert(entry, d.clone());
+                d
+            }
+        };
+        let op = place_tile(&tile.linop, local, &host, &dev)?;
+        tiles.push(LocalTile { op, islices: tile.islices, block });
+    }
+    Ok((host, tiles))
+}
+
+impl<T: Field> DistributedLinop<T> {
+    /// The input dims.
+    pub fn idims(&self) -> &Dims {
+        &self.idims
+    }
+
+    /// The output dims.
+    pub fn odims(&self) -> &Dims {
+        &self.odims
+    }
+
+    /// The base rank.
+    pub fn base_rank(&self) -> i32 {
+        self.spec.base_rank
+    }
+
+    /// Number of tiles this rank computes.
+    pub fn local_tiles(&self) -> usize {
+        self.tiles.len()
+    }
+
+    /// Whether results are summed with `MPI_Reduce` (no output dim is split) rather than
+    /// gathered.
+    pub fn reduces(&self) -> bool {
+        self.assembly == Assembly::Reduce
+    }
+
+    /// The adjoint, distributed by the same spec (collective).
+    ///
+    /// # Errors
+    ///
+    /// As [`create_distributed_linop`].
+    pub fn adjoint(&self) -> Result<DistributedLinop<T>> {
+        create_distributed_linop(self.op.adjoint(), &self.spec, &self.comm.0)
+    }
+
+    /// `A x` (collective): `x` is read on the base rank (other ranks pass `None`, or anything:
+    /// it is ignored there); the result comes back on the base rank (`None` elsewhere).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] on the base rank when `x` is missing or not shaped like the
+    /// input dims; the errors of the tiles on the rank they happen; [`Error::PeerFailed`] on
+    /// the other ranks when one failed.
+    pub fn apply(&self, x: Option<&Array<T>>) -> Result<Option<Array<T>>> {
+        self.run(x, false)
+    }
+
+    /// `A x` with the result on every rank (collective); otherwise as
+    /// [`DistributedLinop::apply`].
+    ///
+    /// # Errors
+    ///
+    /// As [`DistributedLinop::apply`].
+    pub fn apply_all(&self, x: Option<&Array<T>>) -> Result<Array<T>> {
+        self.run(x, true)?.ok_or_else(|| Error::invalid("apply_all lost its result"))
+    }
+
+    fn run(&self, x: Option<&Array<T>>, everywhere: bool) -> Result<Option<Array<T>>> {
+        if scalar_bytes::<T>() == 8 {
+            self.run_as::<f64>(x, everywhere)
+        } else {
+            self.run_as::<f32>(x, everywhere)
+        }
+    }
+
+    /// The whole protocol with `S` (f32 or f64) as the wire scalar of `T`.
+    fn run_as<S: Equivalence + bytemuck::Pod>(
+        &self,
+        x: Option<&Array<T>>,
+        everywhere: bool,
+    ) -> Result<Option<Array<T>>> {
+        let me = self.comm.rank();
+        let base = self.spec.base_rank;
+        let root = self.comm.process_at_rank(base);
+        // 1. The base rank's input, checked, then agreed on and broadcast.
+        let mut input = vec![T::zero(); self.idims.numel()];
+        let local: Result<()> =
+            if me == base { read_input(x, &self.idims).map(|v| input = v) } else { Ok(()) };
+        agree(&self.comm, local.as_ref().err(), "its input was rejected")?;
+        broadcast(&root, as_scalars_mut::<T, S>(&mut input)?);
+        // 2. This rank's tiles, summed per output block.
+        let partial = self.compute(&input);
+        agree(&self.comm, partial.as_ref().err(), "one of its tiles failed")?;
+        let partial = partial?;
+        // 3. The results meet.
+        let out_len = self.odims.numel();
+        let result = match self.assembly {
+            Assembly::Reduce => {
+                let mine =
+                    partial.into_iter().next().map(|(_, v)| v).unwrap_or_else(|| vec![T::zero(); out_len]);
+                let mut out = if everywhere || me == base { Some(vec![T::zero(); out_len]) } else { None };
+                sum_to(
+                    &self.comm,
+                    &root,
+                    everywhere,
+                    as_scalars::<T, S>(&mine)?,
+                    out.as_deref_mut().map(as_scalars_mut::<T, S>).transpose()?,
+                );
+                out
+            }
+            Assembly::Gather => {
+                let mut out = self.gather(&root, partial)?;
+                if everywhere {
+                    let buf = out.get_or_insert_with(|| vec![T::zero(); out_len]);
+                    broadcast(&root, as_scalars_mut::<T, S>(buf)?);
+                }
+                out
+            }
+        };
+        result.map(|v| Array::from_slice(&self.host, self.odims.sizes(), &v)).transpose()
+    }
+
+    /// Applies every local tile to its slice of `input`; sums per block, in block order.
+    fn compute(&self, input: &[T]) -> Result<Vec<(usize, Vec<T>)>> {
+        let x = Array::from_slice(&self.host, self.idims.sizes(), input)?;
+        let mut outs = Vec::with_capacity(self.tiles.len());
+        for t in &self.tiles {
+            let mut xt = x.clone();
+            for (axis, r) in t.islices.iter().enumerate() {
+                xt = xt.slice(axis, r.clone())?;
+            }
+            // Queued on the tiles' streams: tiles on different devices run concurrently.
+            outs.push((t.block, t.op.apply(&xt)?));
+        }
+        let mut sums: BTreeMap<usize, Vec<T>> = BTreeMap::new();
+        for (block, y) in outs {
+            let y = y.to_vec()?;
+            match sums.get_mut(&block) {
+                Some(acc) => acc.iter_mut().zip(y).for_each(|(a, b)| *a += b),
+                None => {
+                    sums.insert(block, y);
+                }
+            }
+        }
+        Ok(sums.into_iter().collect())
+    }
+
+    /// Gathers every rank's partial blocks on the base rank and sums them into the output.
+    fn gather<R: Root>(&self, root: &R, partial: Vec<(usize, Vec<T>)>) -> Result<Option<Vec<T>>> {
+        let send: Vec<T> = partial.into_iter().flat_map(|(_, v)| v).collect();
+        if self.comm.rank() != self.spec.base_rank {
+            root.gather_varcount_into(as_bytes(&send));
+            return Ok(None);
+        }
+        let elem = std::mem::size_of::<T>();
+        let block_len = |b: usize| -> usize { self.blocks[b].iter().map(|r| r.len()).product() };
+        let counts_elems: Vec<usize> =
+            self.rank_blocks.iter().map(|held| held.iter().map(|&b| block_len(b)).sum()).collect();
+        let total: usize = counts_elems.iter().sum();
+        let limit = usize::try_from(i32::MAX).unwrap_or(usize::MAX);
+        if total.saturating_mul(elem) > limit {
+            return Err(Error::invalid(format!(
+                "gathering {} bytes exceeds MPI's int displacement limit: split the output dims finer",
+                total.saturating_mul(elem)
+            )));
+        }
+        let to_i32 = |n: usize| i32::try_from(n * elem).unwrap_or(i32::MAX);
+        let counts: Vec<i32> = counts_elems.iter().map(|&n| to_i32(n)).collect();
+        let displs: Vec<i32> = counts_elems
+            .iter()
+            .scan(0usize, |acc, &n| {
+                let d = *acc;
+                *acc += n;
+                Some(to_i32(d))
+            })
+            .collect();
+        let mut recv = vec![T::zero(); total];
+        {
+            let mut partition = PartitionMut::new(as_bytes_mut(&mut recv), counts, displs);
+            root.gather_varcount_into_root(as_bytes(&send), &mut partition);
+        }
+        let mut out = vec![T::zero(); self.odims.numel()];
+        let mut at = 0;
+        for held in &self.rank_blocks {
+            for &b in held {
+                let n = block_len(b);
+                add_block(&mut out, self.odims.sizes(), &self.blocks[b], &recv[at..at + n]);
+                at += n;
+            }
+        }
+        Ok(Some(out))
+    }
+}
+
+/// The base rank's input as a row-major vector, checked against `idims`.
+fn read_input<T: Field>(x: Option<&Array<T>>, idims: &Dims) -> Result<Vec<T>> {
+    let x = x.ok_or_else(|| Error::invalid("the base rank must pass the input"))?;
+    if x.shape() != idims.sizes() {
+        return Err(Error::invalid(format!(
+            "the distributed operator expects an input of dims {idims}, got shape {:?}",
+            x.shape()
+        )));
+    }
+    x.to_vec()
+}
+
+/// Adds `block` (row-major, shaped by `region`) into `out` (row-major, shaped by `shape`).
+fn add_block<T: Field>(out: &mut [T], shape: &[usize], region: &[Range<usize>], block: &[T]) {
+    let ndim = shape.len();
+    if ndim == 0 {
+        if let (Some(o), Some(b)) = (out.first_mut(), block.first()) {
+            *o += *b;
+        }
+        return;
+    }
+    let row = region[ndim - 1].len();
+    if row == 0 {
+        return;
+    }
+    let mut strides = vec![1usize; ndim];
+    for a in (0..ndim - 1).rev() {
+        strides[a] = strides[a + 1] * shape[a + 1];
+    }
+    let mut index: Vec<usize> = region.iter().map(|r| r.start).collect();
+    for chunk in block.chunks(row) {
+        let start: usize = index.iter().zip(&strides).map(|(i, s)| i * s).sum();
+        out[start..start + row].iter_mut().zip(chunk).for_each(|(o, b)| *o += *b);
+        // Next row: advance the outer axes (the last axis is covered by the row).
+        for a in (0..ndim - 1).rev() {
+            index[a] += 1;
+            if index[a] < region[a].end {
+                break;
+            }
+            index[a] = region[a].start;
+        }
+    }
+}
+
+/// Bytes of one real scalar of `T` (a complex value is two).
+fn scalar_bytes<T: Field>() -> usize {
+    std::mem::size_of::<T>() / if T::IS_COMPLEX { 2 } else { 1 }
+}
+
+fn as_scalars<T: Field, S: bytemuck::Pod>(v: &[T]) -> Result<&[S]> {
+    bytemuck::try_cast_slice(v).map_err(|e| Error::invalid(format!("{} as MPI scalars: {e}", T::NAME)))
+}
+
+fn as_scalars_mut<T: Field, S: bytemuck::Pod>(v: &mut [T]) -> Result<&mut [S]> {
+    bytemuck::try_cast_slice_mut(v).map_err(|e| Error::invalid(format!("{} as MPI scalars: {e}", T::NAME)))
+}
+
+fn as_bytes<T: Field>(v: &[T]) -> &[u8] {
+    bytemuck::cast_slice(v)
+}
+
+fn as_bytes_mut<T: Field>(v: &mut [T]) -> &mut [u8] {
+    bytemuck::cast_slice_mut(v)
+}
+
+/// Scalars per MPI call: well inside `int` counts.
+const CHUNK: usize = 1 << 28;
+
+/// `MPI_Bcast` from `root`, in chunks.
+fn broadcast<R: Root, S: Equivalence>(root: &R, data: &mut [S]) {
+    for chunk in data.chunks_mut(CHUNK) {
+        root.broadcast_into(chunk);
+    }
+}
+
+/// Sums `mine` over the ranks into `out`: on the root (`MPI_Reduce`), or on every rank
+/// (`MPI_Allreduce`) when `everywhere`. `out` is `Some` exactly where the sum lands.
+fn sum_to<R: Root, S: Equivalence>(
+    comm: &SimpleCommunicator,
+    root: &R,
+    everywhere: bool,
+    mine: &[S],
+    mut out: Option<&mut [S]>,
+) {
+    for (i, chunk) in mine.chunks(CHUNK).enumerate() {
+        let range = i * CHUNK..i * CHUNK + chunk.len();
+        match (&mut out, everywhere) {
+            (Some(out), true) => comm.all_reduce_into(chunk, &mut out[range], SystemOperation::sum()),
+            (Some(out), false) => root.reduce_into_root(chunk, &mut out[range], SystemOperation::sum()),
+            (None, _) => root.reduce_into(chunk, SystemOperation::sum()),
+        }
+    }
+}

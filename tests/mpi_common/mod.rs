@@ -1,0 +1,87 @@
+//! Runs a test body on several MPI ranks: the test launches `mpirun -np N` on its own test
+//! binary, filtered to itself, and each rank runs the body.
+//!
+//! Rules:
+//! - `ranks("name", n)` returns true in a rank (the body runs there) and false in the
+//!   launcher, which has already asserted that every rank passed.
+//! - Without `mpirun` the test prints SKIP and passes, unless CUFERRY_REQUIRE_MPI=1 (the test
+//!   script sets it once it installed Open MPI).
+//! - The launcher kills the job after a deadline, so a hang fails the test instead of CI.
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The variable telling a process it is a rank of the named test.
+const MARKER: &str = "CUFERRY_MPI_RANK_OF";
+
+/// The longest a whole mpirun job may take.
+const JOB_DEADLINE: Duration = Duration::from_secs(240);
+
+/// True inside the ranks of `test`; in the launcher, runs `np` ranks and asserts they passed.
+pub fn ranks(test: &str, np: usize) -> bool {
+    if std::env::var(MARKER).is_ok_and(|t| t == test) {
+        return true;
+    }
+    let Some(openmpi) = mpirun_flavour() else {
+        assert!(
+            std::env::var("CUFERRY_REQUIRE_MPI").map_or(true, |v| v != "1"),
+            "CUFERRY_REQUIRE_MPI=1 but mpirun is not on PATH"
+        );
+        eprintln!("SKIP {test}: mpirun not found (install openmpi-bin libopenmpi-dev)");
+        return false;
+    };
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let mut cmd = Command::new("mpirun");
+    if openmpi {
+        cmd.args(["--allow-run-as-root", "--oversubscribe", "-x", MARKER]);
+    }
+    cmd.arg("-np").arg(np.to_string()).arg(exe).args([test, "--exact", "--nocapture", "--test-threads=1"]);
+    cmd.env(MARKER, test).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("mpirun starts");
+    // Drained on threads: a full pipe would stop the ranks.
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_string(&mut text);
+            }
+            text
+        })
+    };
+    let out_reader = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let err_reader = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waiting for mpirun") {
+            break Some(status);
+        }
+        if start.elapsed() > JOB_DEADLINE {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let out = out_reader.join().unwrap_or_default();
+    let err = err_reader.join().unwrap_or_default();
+    println!("{out}");
+    eprintln!("{err}");
+    match status {
+        Some(s) => assert!(s.success(), "mpirun -np {np} {test} failed ({s})"),
+        None => panic!("mpirun -np {np} {test} did not finish in {JOB_DEADLINE:?}: a hang"),
+    }
+    assert!(
+        out.matches("test result: ok. 1 passed").count() == np,
+        "expected {np} ranks to pass {test}; stdout above"
+    );
+    false
+}
+
+/// `Some(true)` for Open MPI's mpirun, `Some(false)` for another, `None` when absent.
+fn mpirun_flavour() -> Option<bool> {
+    let out = Command::new("mpirun").arg("--version").output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    Some(text.contains("Open MPI") || text.contains("OpenRTE"))
+}

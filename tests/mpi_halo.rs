@@ -1,0 +1,299 @@
+//! Halo exchange across processes (feature `mpi`), each test run by `mpirun` on loopback:
+//! - the cubed sphere (6 tiles, edges and corners, every rotation, scalar and vector
+//!   quantities) over 6 ranks and over 4 ranks (two tiles on some ranks, messages to self)
+//!   matches the single-process pack-then-unpack bit for bit, two steps in a row;
+//! - a rank failing mid-exchange makes every other rank return `PeerFailed` naming it (not
+//!   hang, not time out), and a silent rank makes its peers time out;
+//! - bad links are rejected on the rank that has them and reported to the others.
+
+mod common;
+mod cubed_sphere;
+mod mpi_common;
+
+use std::time::Duration;
+
+use common::Rng;
+use cubed_sphere::*;
+use cuferry::distributed::{ExchangeOptions, HaloCommunicator, HaloLink, TileArrays};
+use cuferry::halo::{ElementType, HaloExchange, HaloPacker, HaloSpec, HorizontalDims};
+use cuferry::{Device, DeviceBuffer, Error, Stream};
+use mpi::traits::*;
+
+fn sphere_spec() -> HaloSpec {
+    HaloSpec::contiguous(ElementType::F64, &[NZ, W, W], HorizontalDims::xy(2, 1)).unwrap()
+}
+
+/// A packer from face `a` to face `b`: quantity-major, vector (x and y lists) or scalar.
+fn sphere_packer(spec: &HaloSpec, a: usize, b: usize, quantities: usize, vector: bool) -> HaloPacker {
+    let ex = exchanges_between(spec, a, b);
+    let list: Vec<HaloExchange> = (0..quantities).flat_map(|_| ex.iter().cloned()).collect();
+    HaloPacker::new(Device::Host, &list, vector.then_some(&list[..])).unwrap()
+}
+
+/// The single-process result: every face packs to every neighbour, then every neighbour
+/// unpacks (one loopback packer per pair).
+fn reference(data: &[Vec<Vec<f64>>], vector: bool) -> Vec<Vec<Vec<f64>>> {
+    let spec = sphere_spec();
+    let stream = Stream::new(Device::Host).unwrap();
+    let arrays: Vec<Vec<DeviceBuffer<f64>>> = data
+        .iter()
+        .map(|f| f.iter().map(|a| DeviceBuffer::from_slice(&stream, a).unwrap()).collect())
+        .collect();
+    let quantities = if vector { 1 } else { 2 };
+    let mut packers = Vec::new();
+    for b in 0..6 {
+        for a in senders_to(b) {
+            let mut p = sphere_packer(&spec, a, b, quantities, vector);
+            let (x, y) = face_arrays(&arrays[a], quantities, vector, p.quantities());
+            p.pack(&x, y.as_deref()).unwrap();
+            packers.push((b, p));
+        }
+    }
+    for (b, p) in &mut packers {
+        p.copy_pack_to_unpack().unwrap();
+        let (x, y) = face_arrays(&arrays[*b], quantities, vector, p.quantities());
+        p.unpack(&x, y.as_deref()).unwrap();
+    }
+    arrays.iter().map(|f| f.iter().map(|a| a.to_vec(&stream).unwrap()).collect()).collect()
+}
+
+/// A face's arrays expanded to a packer's quantity-major exchange list.
+#[allow(clippy::type_complexity)]
+fn face_arrays(
+    face: &[DeviceBuffer<f64>],
+    quantities: usize,
+    vector: bool,
+    exchanges: usize,
+) -> (Vec<&DeviceBuffer<f64>>, Option<Vec<&DeviceBuffer<f64>>>) {
+    let regions = exchanges / quantities;
+    let comp = |q: usize, c: usize| if vector { &face[2 * q + c] } else { &face[q] };
+    let x = (0..exchanges).map(|i| comp(i / regions, 0)).collect();
+    let y = vector.then(|| (0..exchanges).map(|i| comp(i / regions, 1)).collect());
+    (x, y)
+}
+
+/// The cubed sphere over the ranks of the world: face f on rank f % size.
+fn cubed_sphere_over_world() {
+    let universe = mpi::initialize().expect("MPI initialises once");
+    let world = universe.world();
+    let (me, size) = (world.rank() as usize, world.size() as usize);
+    let owner = |f: usize| (f % size) as i32;
+    let mine: Vec<usize> = (0..6).filter(|f| f % size == me).collect();
+    let tile_of = |f: usize| mine.iter().position(|&m| m == f).unwrap();
+    let spec = sphere_spec();
+    for vector in [false, true] {
+        let quantities = if vector { 1 } else { 2 };
+        let tag = |a: usize, b: usize| (a * 6 + b) as i32;
+        let mut sends = Vec::new();
+        let mut recvs = Vec::new();
+        for b in 0..6 {
+            for a in senders_to(b) {
+                if owner(a) == me as i32 {
+                    let p = sphere_packer(&spec, a, b, quantities, vector);
+                    sends.push(HaloLink::new(owner(b), tag(a, b), tile_of(a), p));
+                }
+                if owner(b) == me as i32 {
+                    let p = sphere_packer(&spec, a, b, quantities, vector);
+                    recvs.push(HaloLink::new(owner(a), tag(a, b), tile_of(b), p));
+                }
+            }
+        }
+        let mut comm = HaloCommunicator::new(&world, sends, recvs, ExchangeOptions::default()).unwrap();
+        assert!(!comm.direct_cuda() || cuferry::distributed::cuda_aware_mpi());
+        let stream = Stream::new(Device::Host).unwrap();
+        let mut arrays: Vec<Vec<DeviceBuffer<f64>>> = mine
+            .iter()
+            .map(|_| (0..2).map(|_| DeviceBuffer::zeroed(&stream, NZ * W * W).unwrap()).collect())
+            .collect();
+        for step in 0..2u64 {
+            // Every rank draws the same fields for all faces; each loads its own.
+            let data = fields(&mut Rng::new(100 + step + u64::from(vector) * 10), 2);
+            for (t, &f) in mine.iter().enumerate() {
+                for (q, a) in arrays[t].iter_mut().enumerate() {
+                    a.copy_from_slice(&stream, &data[f][q]).unwrap();
+                }
+            }
+            let refs: Vec<Vec<&DeviceBuffer<f64>>> = arrays.iter().map(|f| f.iter().collect()).collect();
+            let ys: Vec<Vec<&DeviceBuffer<f64>>> = refs.iter().map(|f| f[1..].to_vec()).collect();
+            let tiles: Vec<TileArrays<'_, f64>> = refs
+                .iter()
+                .zip(&ys)
+                .map(|(f, y)| {
+                    if vector {
+                        TileArrays { x: &f[..1], y: Some(&y[..]) }
+                    } else {
+                        TileArrays { x: &f[..], y: None }
+                    }
+                })
+                .collect();
+            let timing = comm.exchange_tiles(&tiles).unwrap();
+            assert_eq!(timing.bytes_sent, comm.bytes_sent());
+            let want = reference(&data, vector);
+            for (t, &f) in mine.iter().enumerate() {
+                for q in 0..2 {
+                    let got = arrays[t][q].to_vec(&stream).unwrap();
+                    assert!(
+                        got == want[f][q],
+                        "face {f} array {q} differs from the single-process exchange (step {step})"
+                    );
+                }
+            }
+        }
+    }
+    println!("rank {me}: cubed sphere matches the single-process exchange");
+}
+
+#[test]
+fn cubed_sphere_over_six_ranks_matches_single_process() {
+    if mpi_common::ranks("cubed_sphere_over_six_ranks_matches_single_process", 6) {
+        cubed_sphere_over_world();
+    }
+}
+
+#[test]
+fn cubed_sphere_over_four_ranks_with_two_tiles_on_some() {
+    if mpi_common::ranks("cubed_sphere_over_four_ranks_with_two_tiles_on_some", 4) {
+        cubed_sphere_over_world();
+    }
+}
+
+/// A ring of ranks, each with one 4 x 6 array (y, x): column 4 goes east into the neighbour's
+/// column 0, column 1 goes west into the neighbour's column 5.
+fn ring_links(me: i32, size: i32, wide_from_east: bool) -> (Vec<HaloLink>, Vec<HaloLink>) {
+    let spec = HaloSpec::contiguous(ElementType::F64, &[4, 6], HorizontalDims::xy(1, 0)).unwrap();
+    let east = HaloExchange::new(&spec, &[0..4, 4..5], 0, &[0..4, 0..1]).unwrap();
+    let west = HaloExchange::new(&spec, &[0..4, 1..2], 0, &[0..4, 5..6]).unwrap();
+    let packer = |ex: &HaloExchange| HaloPacker::new(Device::Host, &[ex.clone()], None).unwrap();
+    let (right, left) = ((me + 1) % size, (me + size - 1) % size);
+    let sends = vec![HaloLink::new(right, 0, 0, packer(&east)), HaloLink::new(left, 1, 0, packer(&west))];
+    // The message from the east neighbour travels west (tag 1) into column 5. A deliberately
+    // wrong receiver expects two columns there.
+    let from_east = if wide_from_east {
+        packer(&HaloExchange::new(&spec, &[0..4, 0..2], 0, &[0..4, 4..6]).unwrap())
+    } else {
+        packer(&west)
+    };
+    let recvs = vec![HaloLink::new(left, 0, 0, packer(&east)), HaloLink::new(right, 1, 0, from_east)];
+    (sends, recvs)
+}
+
+#[test]
+fn a_rank_failing_mid_exchange_is_reported_to_every_rank() {
+    if !mpi_common::ranks("a_rank_failing_mid_exchange_is_reported_to_every_rank", 4) {
+        return;
+    }
+    let universe = mpi::initialize().expect("MPI initialises once");
+    let world = universe.world();
+    let (me, size) = (world.rank(), world.size());
+    let options = ExchangeOptions { timeout: Duration::from_secs(60), ..Default::default() };
+    let (sends, recvs) = ring_links(me, size, me == 2);
+    let mut comm = HaloCommunicator::new(&world, sends, recvs, options).unwrap();
+    let stream = Stream::new(Device::Host).unwrap();
+    let a = DeviceBuffer::from_slice(&stream, &[1.0f64; 24]).unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        seen.push(comm.exchange(&[&a], None));
+    }
+    if me == 2 {
+        // The wrong receiver: the message lands, its size is wrong, the exchange fails.
+        assert!(
+            matches!(&seen[0], Err(Error::InvalidArgument { what }) if what.contains("sent")),
+            "{:?}",
+            seen[0]
+        );
+        assert!(seen[1..].iter().all(|r| matches!(r, Err(Error::Closed { .. }))), "{seen:?}");
+    } else {
+        let first_err = seen.iter().position(Result::is_err).expect("a peer's failure reaches every rank");
+        assert!(
+            matches!(&seen[first_err], Err(Error::PeerFailed { rank: 2, .. })),
+            "rank {me}: {:?}",
+            seen[first_err]
+        );
+        assert!(seen[first_err + 1..].iter().all(|r| matches!(r, Err(Error::Closed { .. }))));
+    }
+    assert!(comm.closed_by().is_some());
+    world.barrier();
+    println!(
+        "rank {me}: saw {:?}",
+        seen.iter().map(|r| r.as_ref().err().map(|e| e.to_string())).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn a_silent_rank_makes_its_peers_time_out() {
+    if !mpi_common::ranks("a_silent_rank_makes_its_peers_time_out", 3) {
+        return;
+    }
+    let universe = mpi::initialize().expect("MPI initialises once");
+    let world = universe.world();
+    let (me, size) = (world.rank(), world.size());
+    let options = ExchangeOptions { timeout: Duration::from_millis(500), ..Default::default() };
+    let (sends, recvs) = ring_links(me, size, false);
+    let mut comm = HaloCommunicator::new(&world, sends, recvs, options).unwrap();
+    let stream = Stream::new(Device::Host).unwrap();
+    let a = DeviceBuffer::from_slice(&stream, &[1.0f64; 24]).unwrap();
+    if me == 2 {
+        // Never exchanges; waits until the others gave up.
+        world.barrier();
+    } else {
+        let r = comm.exchange(&[&a], None);
+        assert!(matches!(r, Err(Error::Timeout { .. }) | Err(Error::PeerFailed { .. })), "rank {me}: {r:?}");
+        world.barrier();
+        println!("rank {me}: {}", r.err().map(|e| e.to_string()).unwrap_or_default());
+    }
+}
+
+#[test]
+fn bad_links_fail_on_every_rank() {
+    if !mpi_common::ranks("bad_links_fail_on_every_rank", 2) {
+        return;
+    }
+    let universe = mpi::initialize().expect("MPI initialises once");
+    let world = universe.world();
+    let me = world.rank();
+    let spec = HaloSpec::contiguous(ElementType::F64, &[4, 6], HorizontalDims::xy(1, 0)).unwrap();
+    let ex = HaloExchange::new(&spec, &[0..4, 4..5], 0, &[0..4, 0..1]).unwrap();
+    let packer = || HaloPacker::new(Device::Host, &[ex.clone()], None).unwrap();
+    let opts = ExchangeOptions::default();
+    // Rank 1 names a rank that does not exist.
+    let bad_peer = if me == 1 { 5 } else { 1 };
+    let r = HaloCommunicator::new(&world, vec![HaloLink::new(bad_peer, 0, 0, packer())], vec![], opts);
+    match me {
+        1 => assert!(matches!(&r, Err(Error::InvalidArgument { what }) if what.contains("rank 5")), "{r:?}"),
+        _ => assert!(matches!(r, Err(Error::PeerFailed { rank: 1, .. })), "{r:?}"),
+    }
+    // A tag outside the range, on every rank.
+    let r = HaloCommunicator::new(&world, vec![HaloLink::new(0, -1, 0, packer())], vec![], opts);
+    assert!(matches!(&r, Err(Error::InvalidArgument { what }) if what.contains("tag")), "{r:?}");
+    // The same (peer, tag) twice among the receives, on rank 0.
+    let recvs = if me == 0 {
+        vec![HaloLink::new(1, 3, 0, packer()), HaloLink::new(1, 3, 0, packer())]
+    } else {
+        vec![]
+    };
+    let r = HaloCommunicator::new(&world, vec![], recvs, opts);
+    match me {
+        0 => {
+            assert!(matches!(&r, Err(Error::InvalidArgument { what }) if what.contains("ambiguous")), "{r:?}")
+        }
+        _ => assert!(matches!(r, Err(Error::PeerFailed { rank: 0, .. })), "{r:?}"),
+    }
+    // A tile that is not passed, and arrays that do not fit the packer: the rank's exchange
+    // fails and tells its peer.
+    let peer = 1 - me;
+    let mut comm = HaloCommunicator::new(
+        &world,
+        vec![HaloLink::new(peer, 0, if me == 0 { 1 } else { 0 }, packer())],
+        vec![HaloLink::new(peer, 0, 0, packer())],
+        opts,
+    )
+    .unwrap();
+    let stream = Stream::new(Device::Host).unwrap();
+    let a = DeviceBuffer::from_slice(&stream, &[0.0f64; 24]).unwrap();
+    let r = comm.exchange(&[&a], None);
+    match me {
+        0 => assert!(matches!(&r, Err(Error::InvalidArgument { what }) if what.contains("tile 1")), "{r:?}"),
+        _ => assert!(matches!(r, Err(Error::PeerFailed { rank: 0, .. })), "{r:?}"),
+    }
+    world.barrier();
+}
