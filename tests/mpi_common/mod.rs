@@ -6,7 +6,8 @@
 //!   launcher, which has already asserted that every rank passed.
 //! - Without `mpirun` the test prints SKIP and passes, unless CUFERRY_REQUIRE_MPI=1 (the test
 //!   script sets it once it installed Open MPI).
-//! - The launcher kills the job after a deadline, so a hang fails the test instead of CI.
+//! - A panic in a rank aborts the job at once (`MPI_Abort`); the launcher also kills the job
+//!   after a deadline, so a hang fails the test instead of CI.
 #![allow(dead_code)]
 
 use std::io::Read;
@@ -22,6 +23,7 @@ const JOB_DEADLINE: Duration = Duration::from_secs(240);
 /// True inside the ranks of `test`; in the launcher, runs `np` ranks and asserts they passed.
 pub fn ranks(test: &str, np: usize) -> bool {
     if std::env::var(MARKER).is_ok_and(|t| t == test) {
+        abort_job_on_panic();
         return true;
     }
     let Some(openmpi) = mpirun_flavour() else {
@@ -77,6 +79,21 @@ pub fn ranks(test: &str, np: usize) -> bool {
         "expected {np} ranks to pass {test}; stdout above"
     );
     false
+}
+
+/// In a rank, a panic aborts the whole job (`MPI_Abort`): the other ranks would otherwise wait
+/// for the panicking one in a collective until the launcher's deadline.
+fn abort_job_on_panic() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default(info);
+        if mpi::environment::is_initialized() && !mpi::environment::is_finalized() {
+            // SAFETY: MPI is initialised and not finalised; MPI_Abort ends every rank.
+            unsafe {
+                mpi::ffi::MPI_Abort(mpi::ffi::RSMPI_COMM_WORLD, 1);
+            }
+        }
+    }));
 }
 
 /// `Some(true)` for Open MPI's mpirun, `Some(false)` for another, `None` when absent.
