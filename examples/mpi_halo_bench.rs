@@ -1,1 +1,128 @@
-fn main() {}
+//! Halo exchange time per step over MPI ranks (feature `mpi`): the cubed sphere of the halo
+//! tests (6 tiles of 48 x 48 + halo 3, 79 levels, f64, edges and corners) with 10 scalar
+//! arrays per tile, tiles dealt round-robin to the ranks. Run by `scripts/bench-mpi.sh` for
+//! 1..6 ranks:
+//!
+//! ```text
+//! mpirun -np 4 target/release/examples/mpi_halo_bench [--steps 30] [--json FILE]
+//! ```
+//!
+//! Each step is timed by every rank (`HaloCommunicator::exchange_tiles` splits it into
+//! consecutive pack, transfer and unpack intervals); the step's figure is the slowest rank's,
+//! and the table shows the median over the steps (after 5 warm-up steps). Rank 0 prints one
+//! markdown row, and appends a JSON line to FILE.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+#[path = "../tests/cubed_sphere/mod.rs"]
+mod cubed_sphere;
+
+use std::io::Write;
+use std::time::Duration;
+
+use common::Rng;
+use cubed_sphere::*;
+use cuferry::distributed::{ExchangeOptions, ExchangeTiming, HaloCommunicator, HaloLink, TileArrays};
+use cuferry::halo::{ElementType, HaloExchange, HaloPacker, HaloSpec, HorizontalDims};
+use cuferry::{Device, DeviceBuffer, Stream};
+use mpi::traits::*;
+
+const ARRAYS: usize = 10;
+const WARMUP: usize = 5;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
+    let steps: usize = arg("--steps").map_or(Ok(30), |s| s.parse())?;
+    let json = arg("--json");
+
+    let universe = mpi::initialize().ok_or("MPI was already initialised")?;
+    let world = universe.world();
+    let (me, size) = (world.rank() as usize, world.size() as usize);
+    let owner = |f: usize| (f % size) as i32;
+    let mine: Vec<usize> = (0..6).filter(|f| f % size == me).collect();
+    let tile_of = |f: usize| mine.iter().position(|&m| m == f).unwrap_or(0);
+
+    let spec = HaloSpec::contiguous(ElementType::F64, &[NZ, W, W], HorizontalDims::xy(2, 1))?;
+    let packer = |a: usize, b: usize| -> cuferry::Result<HaloPacker> {
+        let ex = exchanges_between(&spec, a, b);
+        let list: Vec<HaloExchange> = (0..ARRAYS).flat_map(|_| ex.iter().cloned()).collect();
+        HaloPacker::new(Device::Host, &list, None)
+    };
+    let (mut sends, mut recvs) = (Vec::new(), Vec::new());
+    for b in 0..6 {
+        for a in senders_to(b) {
+            let tag = (a * 6 + b) as i32;
+            if owner(a) == me as i32 {
+                sends.push(HaloLink::new(owner(b), tag, tile_of(a), packer(a, b)?));
+            }
+            if owner(b) == me as i32 {
+                recvs.push(HaloLink::new(owner(a), tag, tile_of(b), packer(a, b)?));
+            }
+        }
+    }
+    let mut comm = HaloCommunicator::new(&world, sends, recvs, ExchangeOptions::default())?;
+    let stream = Stream::new(Device::Host)?;
+    let mut rng = Rng::new(1);
+    let arrays: Vec<Vec<DeviceBuffer<f64>>> = mine
+        .iter()
+        .map(|_| {
+            (0..ARRAYS)
+                .map(|_| {
+                    let data: Vec<f64> = (0..NZ * W * W).map(|_| rng.below(1000) as f64).collect();
+                    DeviceBuffer::from_slice(&stream, &data)
+                })
+                .collect::<cuferry::Result<Vec<_>>>()
+        })
+        .collect::<cuferry::Result<_>>()?;
+    let refs: Vec<Vec<&DeviceBuffer<f64>>> = arrays.iter().map(|t| t.iter().collect()).collect();
+    let tiles: Vec<TileArrays<'_, f64>> = refs.iter().map(|t| TileArrays { x: &t[..], y: None }).collect();
+
+    let mut per_step: Vec<[f64; 4]> = Vec::with_capacity(steps);
+    let mut bytes = 0usize;
+    for step in 0..WARMUP + steps {
+        world.barrier();
+        let t: ExchangeTiming = comm.exchange_tiles(&tiles)?;
+        let mine = [secs(t.pack), secs(t.transfer), secs(t.unpack), secs(t.total())];
+        let mut slowest = [0.0f64; 4];
+        world.all_reduce_into(&mine[..], &mut slowest[..], mpi::collective::SystemOperation::max());
+        let mut sent = 0usize;
+        world.all_reduce_into(&t.bytes_sent, &mut sent, mpi::collective::SystemOperation::sum());
+        if step >= WARMUP {
+            per_step.push(slowest);
+            bytes = sent;
+        }
+    }
+    if me == 0 {
+        let med: Vec<f64> = (0..4).map(|k| median(per_step.iter().map(|s| s[k]).collect())).collect();
+        let ms = |s: f64| s * 1e3;
+        println!(
+            "| {size} | {:.3} | {:.3} | {:.3} | {:.3} | {:.2} | {:.2} |",
+            ms(med[0]),
+            ms(med[1]),
+            ms(med[2]),
+            ms(med[3]),
+            bytes as f64 / 1e6,
+            bytes as f64 / med[3] / 1e9
+        );
+        if let Some(path) = json {
+            let line = serde_json::json!({
+                "ranks": size, "arrays": ARRAYS, "steps": steps,
+                "pack_s": med[0], "transfer_s": med[1], "unpack_s": med[2], "total_s": med[3],
+                "bytes_per_step": bytes,
+            });
+            let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+            writeln!(f, "{line}")?;
+        }
+    }
+    Ok(())
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}

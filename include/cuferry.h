@@ -115,6 +115,14 @@ typedef enum CuferryStatus {
    * A Rust panic was caught (a bug in cuferry).
    */
   CUFERRY_STATUS_PANIC = 9,
+  /**
+   * An MPI call failed.
+   */
+  CUFERRY_STATUS_MPI = 10,
+  /**
+   * Another process of a collective operation failed.
+   */
+  CUFERRY_STATUS_PEER_FAILED = 11,
 } CuferryStatus;
 
 /**

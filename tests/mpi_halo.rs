@@ -163,7 +163,7 @@ fn ring_links(me: i32, size: i32, wide_from_east: bool) -> (Vec<HaloLink>, Vec<H
     let spec = HaloSpec::contiguous(ElementType::F64, &[4, 6], HorizontalDims::xy(1, 0)).unwrap();
     let east = HaloExchange::new(&spec, &[0..4, 4..5], 0, &[0..4, 0..1]).unwrap();
     let west = HaloExchange::new(&spec, &[0..4, 1..2], 0, &[0..4, 5..6]).unwrap();
-    let packer = |ex: &HaloExchange| HaloPacker::new(Device::Host, &[ex.clone()], None).unwrap();
+    let packer = |ex: &HaloExchange| HaloPacker::new(Device::Host, std::slice::from_ref(ex), None).unwrap();
     let (right, left) = ((me + 1) % size, (me + size - 1) % size);
     let sends = vec![HaloLink::new(right, 0, 0, packer(&east)), HaloLink::new(left, 1, 0, packer(&west))];
     // The message from the east neighbour travels west (tag 1) into column 5. A deliberately
@@ -253,7 +253,7 @@ fn bad_links_fail_on_every_rank() {
     let me = world.rank();
     let spec = HaloSpec::contiguous(ElementType::F64, &[4, 6], HorizontalDims::xy(1, 0)).unwrap();
     let ex = HaloExchange::new(&spec, &[0..4, 4..5], 0, &[0..4, 0..1]).unwrap();
-    let packer = || HaloPacker::new(Device::Host, &[ex.clone()], None).unwrap();
+    let packer = || HaloPacker::new(Device::Host, std::slice::from_ref(&ex), None).unwrap();
     let opts = ExchangeOptions::default();
     // Rank 1 names a rank that does not exist.
     let bad_peer = if me == 1 { 5 } else { 1 };
