@@ -53,6 +53,15 @@ for line in sys.stdin:
   cp "$path" "$dest"
   strip "$dest"
 done
+# The MPI halo test (cubed sphere through pinned staging on CUDA), when MPI is here to build
+# it; run.sh runs it under the GPU machine's mpirun when libmpi loads there.
+if command -v mpicc >/dev/null 2>&1; then
+  mkdir -p "$bundle/mpi"
+  cargo test --release --no-run --features mpi --test mpi_halo --message-format=json 2>/dev/null \
+    | list_executables | while read -r kind name path; do
+      [ "$kind" = test ] && [ "$name" = mpi_halo ] && cp "$path" "$bundle/mpi/$name" && strip "$bundle/mpi/$name"
+    done
+fi
 # The drift tests need the sources; they have nothing to do on a GPU.
 rm -f "$bundle/tests/sys_bindings" "$bundle/tests/c_header"
 # The C and Python consumers: the cdylib, the public header and their sources.

@@ -3,7 +3,8 @@
 # scripts/gpu-bundle.sh). Every test runs with CUFERRY_REQUIRE_GPU=1, so a missing device is
 # a failure, not a skip.
 #
-#   run.sh              all tests, then `cuferry info`
+#   run.sh              all tests (and the MPI tests under mpirun when the bundle has them),
+#                       then `cuferry info`
 #   run.sh --sanitize   also compute-sanitizer memcheck, racecheck and synccheck over each test
 #   run.sh --bench      also `cuferry bench` (table in the log, bench.json and bench.svg beside
 #                       the logs) and every criterion bench executable
@@ -43,6 +44,15 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 run "info" "$here/bin/cuferry" info
 for t in "$here"/tests/*; do
   run "test:$(basename "$t")" "$t"
+done
+# The MPI tests (built with the mpi feature) need mpirun and a loadable libmpi here.
+for t in "$here"/mpi/*; do
+  [ -e "$t" ] || continue
+  if ! command -v mpirun >/dev/null 2>&1 || ldd "$t" | grep -q 'not found'; then
+    rows+=("$(printf '%-40s %-14s' "mpi:$(basename "$t")" "SKIP (no mpirun or libmpi)")")
+    continue
+  fi
+  run "mpi:$(basename "$t")" env CUFERRY_REQUIRE_MPI=1 "$t"
 done
 if [ "$sanitize" = 1 ]; then
   for tool in memcheck racecheck synccheck; do
