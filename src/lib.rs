@@ -1,6 +1,9 @@
 //! cuferry moves data on and between NVIDIA GPUs: RAII streams and events, device, pinned and
 //! registered host memory, and asynchronous copies in every direction (host to device, device
-//! to host, within a device, between devices).
+//! to host, within a device, between devices). On top: the pinned slot ring ([`ring`]),
+//! managed memory ([`managed`]), halo pack/unpack ([`halo`]), named linear operators split over
+//! devices ([`linop`]), the C ABI ([`ffi`]), and with the `mpi` feature, halo exchange and
+//! distributed operators across processes (`distributed`).
 //!
 //! Every capability works on two backends behind one API:
 //! - [`Device::Cuda`]: cuferry's CUDA library (csrc/, compiled by nvcc at build time);

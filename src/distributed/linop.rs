@@ -5,7 +5,7 @@
 //! - SPMD: every rank of the communicator builds the same operator and calls
 //!   [`create_distributed_linop`] with the same spec; every rank then calls
 //!   [`DistributedLinop::apply`] (or `apply_all`) together. The operator is split exactly as
-//!   [`split_linop`](crate::linop::split_linop) splits it; a rank keeps only the tiles its
+//!   [`split_linop`] splits it; a rank keeps only the tiles its
 //!   [`RankMatrix`] entries name (repeated along each axis like a
 //!   [`DeviceMatrix`](crate::linop::DeviceMatrix)), placed on the entry's device and split
 //!   further by the spec's `local` specs, exactly as

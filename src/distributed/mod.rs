@@ -23,8 +23,8 @@
 //! Tests run under `mpirun` (tests/mpi_halo.rs, tests/mpi_linop.rs); the benchmark is
 //! `scripts/bench-mpi.sh`.
 
-mod halo;
-mod linop;
+pub mod halo;
+pub mod linop;
 mod raw;
 
 pub use halo::{
