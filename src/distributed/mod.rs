@@ -20,6 +20,34 @@
 //! - MPI is called from the thread that calls these objects only (MPI's `THREAD_SINGLE` or
 //!   `FUNNELED` suffices).
 //!
+//! # Examples
+//!
+//! A periodic ring: each rank sends its east column to the next rank, which unpacks it into
+//! its west halo column (run with `mpirun -np 4`).
+//!
+//! ```no_run
+//! use cuferry::distributed::{ExchangeOptions, HaloCommunicator, HaloLink};
+//! use cuferry::halo::{ElementType, HaloExchange, HaloPacker, HaloSpec, HorizontalDims};
+//! use cuferry::{Device, DeviceBuffer, Stream};
+//! use mpi::traits::*;
+//!
+//! let universe = mpi::initialize().expect("MPI starts");
+//! let world = universe.world();
+//! let (me, size) = (world.rank(), world.size());
+//! // A 4 x 6 array stored (y, x); column 4 travels east into the next rank's column 0.
+//! let spec = HaloSpec::contiguous(ElementType::F64, &[4, 6], HorizontalDims::xy(1, 0))?;
+//! let east = HaloExchange::new(&spec, &[0..4, 4..5], 0, &[0..4, 0..1])?;
+//! let packer = || HaloPacker::new(Device::Host, std::slice::from_ref(&east), None);
+//! let sends = vec![HaloLink::new((me + 1) % size, 0, 0, packer()?)];
+//! let recvs = vec![HaloLink::new((me + size - 1) % size, 0, 0, packer()?)];
+//! let mut comm = HaloCommunicator::new(&world, sends, recvs, ExchangeOptions::default())?;
+//! let stream = Stream::new(Device::Host)?;
+//! let a = DeviceBuffer::from_slice(&stream, &[f64::from(me); 24])?;
+//! let timing = comm.exchange(&[&a], None)?;
+//! println!("pack {:?}, transfer {:?}, unpack {:?}", timing.pack, timing.transfer, timing.unpack);
+//! # Ok::<(), cuferry::Error>(())
+//! ```
+//!
 //! Tests run under `mpirun` (tests/mpi_halo.rs, tests/mpi_linop.rs); the benchmark is
 //! `scripts/bench-mpi.sh`.
 
