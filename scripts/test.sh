@@ -54,5 +54,5 @@ cargo test
 
 if [ "$mpi" = 1 ]; then
   step "MPI tests (mpirun on loopback)"
-  CUFERRY_REQUIRE_MPI=1 cargo test --features mpi --test mpi_halo --test mpi_linop
+  CUFERRY_REQUIRE_MPI=1 cargo test --features mpi --lib --test mpi_halo --test mpi_linop
 fi

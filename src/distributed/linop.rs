@@ -549,3 +549,42 @@ fn sum_to<R: Root, S: Equivalence>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::add_block;
+    use std::ops::Range;
+
+    /// `add_block` against a plain loop over every element of the output.
+    #[test]
+    fn add_block_adds_exactly_the_region() {
+        let shape = [3usize, 4, 5];
+        let region: [Range<usize>; 3] = [1..3, 0..4, 2..4];
+        let block: Vec<f64> = (0..2 * 4 * 2).map(|v| f64::from(v) + 0.5).collect();
+        let mut out = vec![1.0f64; 60];
+        add_block(&mut out, &shape, &region, &block);
+        let mut k = 0;
+        for i in 0..3 {
+            for j in 0..4 {
+                for l in 0..5 {
+                    let inside = region[0].contains(&i) && region[1].contains(&j) && region[2].contains(&l);
+                    let want = if inside {
+                        let b = ((i - 1) * 4 + j) * 2 + (l - 2);
+                        1.0 + block[b]
+                    } else {
+                        1.0
+                    };
+                    assert_eq!(out[k], want, "element ({i}, {j}, {l})");
+                    k += 1;
+                }
+            }
+        }
+        // A 0-d output and an empty region.
+        let mut scalar = vec![2.0f64];
+        add_block(&mut scalar, &[], &[], &[3.0]);
+        assert_eq!(scalar, [5.0]);
+        let mut untouched = vec![1.0f64; 6];
+        add_block(&mut untouched, &[2, 3], &[0..2, 1..1], &[]);
+        assert_eq!(untouched, [1.0; 6]);
+    }
+}
