@@ -30,6 +30,7 @@ use crate::error::{Error, Result};
 use crate::memory::sealed::RawParts;
 use crate::memory::tracker::UseTracker;
 use crate::memory::{Element, Memory, MemoryKind};
+use crate::stream::host::Job;
 use crate::stream::{Stream, StreamBackend};
 
 /// Which way a copy went.
@@ -183,6 +184,9 @@ fn direction(stream_device: Device, src: MemoryKind, dst: MemoryKind) -> Result<
     }
 }
 
+/// Host-backend copies up to this size run on the calling thread when the stream is idle.
+const HOST_INLINE_COPY_BYTES: usize = 256 << 10;
+
 /// Queues the bytes on the stream's backend.
 fn enqueue(
     stream: &Stream,
@@ -194,10 +198,17 @@ fn enqueue(
     match stream.backend() {
         StreamBackend::Host(q) => {
             let job = HostCopy { src, dst, bytes };
-            q.submit(Box::new(move || {
+            let job: Job = Box::new(move || {
                 job.run();
                 Ok(())
-            }))
+            });
+            // Short copies on an idle stream run at once: the hand-offs to the worker and back
+            // would cost more than the copy.
+            if bytes <= HOST_INLINE_COPY_BYTES {
+                q.submit_or_run(job)
+            } else {
+                q.submit(job)
+            }
         }
         StreamBackend::Cuda(s) => {
             let kind = match direction {

@@ -33,6 +33,10 @@ use crate::memory::tracker::UseTracker;
 use crate::memory::{DeviceBuffer, Element};
 use crate::stream::Stream;
 
+/// Host-backend packs and unpacks of at most this many bytes run on the calling thread when
+/// the packer's stream is idle.
+const HOST_INLINE_BYTES: usize = 1 << 20;
+
 /// Packs the regions of many arrays into one contiguous buffer and unpacks them from one.
 ///
 /// Scalar quantities take one exchange list; vector quantities two (x and y components, in the
@@ -334,7 +338,13 @@ impl HaloPacker {
                     packed,
                     max_threads: self.host_threads,
                 };
-                UseTracker::use_on(&stream, &trackers, || stream.host_fn(move || job.run()))
+                // Short jobs on an idle stream run on the calling thread (no hand-off to the
+                // worker and back, which costs more than a small pack).
+                if self.plan.bytes <= HOST_INLINE_BYTES {
+                    UseTracker::use_on(&stream, &trackers, || stream.host_fn_short(move || job.run()))
+                } else {
+                    UseTracker::use_on(&stream, &trackers, || stream.host_fn(move || job.run()))
+                }
             }
             Backend::Cuda(tables) => {
                 let CudaTables { ordinal, pack, unpack } = &mut **tables;

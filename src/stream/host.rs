@@ -6,6 +6,13 @@
 //!   check) is kept and returned by the next `synchronize` or `query`.
 //! - Dropping the queue closes the channel; the worker finishes every job already queued and
 //!   exits on its own (like `cudaStreamDestroy`, the drop does not wait).
+//! - Fast path for short jobs (`submit_or_run`): on an idle queue (every submitted job
+//!   finished) the job runs at once on the calling thread, counted as submitted and completed
+//!   like any other, so `synchronize`, `query` and event records see it in queue order. Jobs
+//!   run under the queue's execution lock (the worker takes it for each job too), so a job
+//!   submitted while an inline one runs waits for it: queue order holds across threads. This
+//!   spares two thread hand-offs (worker wake-up, waiter wake-up), which cost more than a short
+//!   job itself.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -24,6 +31,8 @@ struct Progress {
     state: Mutex<ProgressState>,
     /// Signalled whenever a job finishes.
     finished: Condvar,
+    /// Held while a job runs, by the worker or by an inline caller: one job at a time.
+    exec: Mutex<()>,
 }
 
 #[derive(Default)]
@@ -38,6 +47,30 @@ impl Progress {
         // A poisoned lock only means a panic elsewhere while holding it; the counters are
         // still consistent (each update is a single assignment).
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn exec(&self) -> MutexGuard<'_, ()> {
+        self.exec.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs one job (panics caught) under the execution lock and counts it finished.
+    fn run(&self, job: Job) {
+        self.run_holding(job, self.exec());
+    }
+
+    /// Runs one job (panics caught) while `running` (the execution lock) is held, releases
+    /// it, and counts the job finished.
+    fn run_holding(&self, job: Job, running: MutexGuard<'_, ()>) {
+        let outcome = catch_unwind(AssertUnwindSafe(job))
+            .unwrap_or_else(|panic| Err(Error::HostFnPanicked { message: panic_message(panic.as_ref()) }));
+        drop(running);
+        let mut st = self.lock();
+        st.completed += 1;
+        if let Err(err) = outcome {
+            st.error.get_or_insert(err);
+        }
+        drop(st);
+        self.finished.notify_all();
     }
 }
 
@@ -71,6 +104,30 @@ impl HostQueue {
         Ok(())
     }
 
+    /// Runs `job` now on the calling thread when every submitted job has finished, else queues
+    /// it (see the module rules). For short jobs that touch only memory: the caller runs them,
+    /// possibly while holding locks.
+    pub(crate) fn submit_or_run(&self, job: Job) -> Result<()> {
+        let mut st = self.progress.lock();
+        if st.completed != st.submitted {
+            drop(st);
+            return self.submit(job);
+        }
+        st.submitted += 1;
+        // Claimed in queue order: a job submitted after this point waits for the execution
+        // lock taken here (taken before the state lock is released, so it cannot slip ahead).
+        let running = self.progress.exec();
+        drop(st);
+        self.progress.run_holding(job, running);
+        Ok(())
+    }
+
+    /// True when every submitted job has finished (errors are left for `synchronize`).
+    pub(crate) fn is_idle(&self) -> bool {
+        let st = self.progress.lock();
+        st.completed == st.submitted
+    }
+
     /// Waits for every job submitted before the call; returns the first job error since the
     /// last check.
     pub(crate) fn synchronize(&self) -> Result<()> {
@@ -95,15 +152,7 @@ impl HostQueue {
 /// The worker: runs jobs until the queue is dropped and drained.
 fn serve(receiver: Receiver<Job>, progress: Arc<Progress>) {
     for job in receiver {
-        let outcome = catch_unwind(AssertUnwindSafe(job))
-            .unwrap_or_else(|panic| Err(Error::HostFnPanicked { message: panic_message(panic.as_ref()) }));
-        let mut st = progress.lock();
-        st.completed += 1;
-        if let Err(err) = outcome {
-            st.error.get_or_insert(err);
-        }
-        drop(st);
-        progress.finished.notify_all();
+        progress.run(job);
     }
 }
 
@@ -115,5 +164,84 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         s.clone()
     } else {
         "non-string panic payload".to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::sync::{Arc, Mutex};
+    use std::thread;
+    use std::time::Duration;
+
+    use super::HostQueue;
+    use crate::error::Error;
+
+    fn log_job(log: &Arc<Mutex<Vec<(&'static str, thread::ThreadId)>>>, name: &'static str) -> super::Job {
+        let log = Arc::clone(log);
+        Box::new(move || {
+            log.lock().unwrap().push((name, thread::current().id()));
+            Ok(())
+        })
+    }
+
+    #[test]
+    fn short_jobs_run_inline_only_on_an_idle_queue() {
+        let q = HostQueue::new(9001).unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        // Idle: runs on this thread, and the queue counts it.
+        q.submit_or_run(log_job(&log, "inline")).unwrap();
+        assert!(q.is_idle());
+        // Busy (a job waits on a channel): the short job is queued behind it.
+        let (release, gate) = mpsc::channel::<()>();
+        q.submit(Box::new(move || {
+            let _ = gate.recv();
+            Ok(())
+        }))
+        .unwrap();
+        q.submit_or_run(log_job(&log, "queued")).unwrap();
+        assert!(!q.is_idle());
+        release.send(()).unwrap();
+        q.synchronize().unwrap();
+        let log = log.lock().unwrap();
+        assert_eq!(log.iter().map(|e| e.0).collect::<Vec<_>>(), ["inline", "queued"]);
+        assert_eq!(log[0].1, thread::current().id());
+        assert_ne!(log[1].1, thread::current().id());
+    }
+
+    #[test]
+    fn a_job_submitted_during_an_inline_job_runs_after_it() {
+        let q = Arc::new(HostQueue::new(9002).unwrap());
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (started, wait_started) = mpsc::channel::<()>();
+        let inline_log = Arc::clone(&log);
+        let q2 = Arc::clone(&q);
+        let runner = thread::spawn(move || {
+            q2.submit_or_run(Box::new(move || {
+                started.send(()).unwrap();
+                thread::sleep(Duration::from_millis(30));
+                inline_log.lock().unwrap().push(("inline", thread::current().id()));
+                Ok(())
+            }))
+            .unwrap();
+        });
+        wait_started.recv().unwrap();
+        // The inline job is running: this one is queued and must not overtake it.
+        q.submit_or_run(log_job(&log, "later")).unwrap();
+        q.synchronize().unwrap();
+        runner.join().unwrap();
+        assert_eq!(log.lock().unwrap().iter().map(|e| e.0).collect::<Vec<_>>(), ["inline", "later"]);
+    }
+
+    #[test]
+    fn a_panicking_inline_job_is_reported_by_synchronize() {
+        let q = HostQueue::new(9003).unwrap();
+        q.submit_or_run(Box::new(|| panic!("inline boom"))).unwrap();
+        match q.synchronize() {
+            Err(Error::HostFnPanicked { message }) => assert!(message.contains("inline boom")),
+            other => panic!("expected the panic, got {other:?}"),
+        }
+        q.submit_or_run(Box::new(|| Ok(()))).unwrap();
+        q.synchronize().unwrap();
     }
 }

@@ -218,6 +218,23 @@ impl Stream {
         }
     }
 
+    /// [`Stream::host_fn`] for short memory-only work: on a host stream with nothing pending,
+    /// `f` runs at once on the calling thread (in queue order, see the host queue's rules);
+    /// otherwise, and on CUDA streams, it is queued like `host_fn`. `f` must not block on other
+    /// streams' work (the caller may hold locks while it runs).
+    pub(crate) fn host_fn_short<F>(&self, f: F) -> Result<()>
+    where
+        F: FnOnce() + Send + 'static,
+    {
+        match &self.shared.backend {
+            StreamBackend::Host(q) => q.submit_or_run(Box::new(move || {
+                f();
+                Ok(())
+            })),
+            StreamBackend::Cuda(_) => self.host_fn(f),
+        }
+    }
+
     /// The CUDA handle of a CUDA stream; used by the capability modules.
     pub(crate) fn cuda_raw(&self) -> Result<crate::cuda::stream::RawStream> {
         match &self.shared.backend {
