@@ -24,9 +24,11 @@
 //!   never a panic. Queued work is tracked like a copy (see [`crate::memory`]), so dropping
 //!   arrays or the packer while it is pending is safe.
 //! - On CUDA each `pack` or `unpack` is ONE kernel launch reading a descriptor table; on the
-//!   host it is ONE job that copies contiguous rows with `memcpy` and turns with strided
-//!   loops, on several threads above 4 MiB. Buffers come from a pool keyed by (device, bytes)
-//!   and go back to it when the packer is dropped.
+//!   host it is ONE job running loop nests planned when the packer is built (64-byte block
+//!   copies of contiguous rows, length-specialised short rows, tiled transposes for turns,
+//!   strided loops otherwise; AVX2 when the CPU has it), on several threads above 4 MiB, and
+//!   on the calling thread when it is at most 1 MiB and the stream is idle. Buffers come from
+//!   a pool keyed by (device, bytes) and go back to it when the packer is dropped.
 //!
 //! [`Error::InvalidArgument`]: crate::Error::InvalidArgument
 //!
