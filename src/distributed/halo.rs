@@ -357,35 +357,20 @@ impl HaloCommunicator {
             let (x, y) = per_exchange(&s.link, &tiles[s.link.tile])?;
             s.link.packer.pack(&x, y.as_deref())?;
             s.phase = Phase::Packing;
+            // A pack that already finished (host packs may run on this thread) goes out now,
+            // while the next link packs.
+            timing.bytes_sent += advance_send(s, comm)?.unwrap_or(0);
         }
         let mut packed = false;
         let mut idle_polls = 0u32;
         loop {
             let mut progress = false;
             for s in &mut self.sends {
-                if s.phase == Phase::Posted || !s.link.packer.ready()? {
-                    continue;
+                let before = s.phase;
+                if let Some(bytes) = advance_send(s, comm)? {
+                    timing.bytes_sent += bytes;
                 }
-                if let (Phase::Packing, Some(stage)) = (s.phase, &mut s.stage) {
-                    // The pack finished: copy it to the pinned stage (`ready` again after it).
-                    copy(s.link.packer.stream(), s.link.packer.pack_buffer()?, stage)?;
-                    s.phase = Phase::Staging;
-                    progress = true;
-                    continue;
-                }
-                let bytes = s.link.packer.buffer_bytes();
-                let ptr = match &s.stage {
-                    Some(stage) => stage.as_slice()?.as_ptr(),
-                    None => s.link.packer.pack_buffer()?.as_ptr(),
-                };
-                // SAFETY: the packed bytes (or their staged copy) are complete (`ready`, and the
-                // accessors waited) and nothing writes them until the send completes: the next
-                // pack is queued by the next exchange, which starts after this one's sends
-                // completed; on failure the buffer is leaked (`fail`).
-                s.request = Some(unsafe { RawRequest::send(ptr, bytes, s.link.peer, s.link.tag, comm)? });
-                s.phase = Phase::Posted;
-                timing.bytes_sent += bytes;
-                progress = true;
+                progress |= s.phase != before;
             }
             if !packed && self.sends.iter().all(|s| s.phase == Phase::Posted) {
                 packed = true;
@@ -483,6 +468,32 @@ impl HaloCommunicator {
             }
         }
     }
+}
+
+/// Moves a send link on when its pack (or staging copy) finished: queues the copy to the
+/// pinned stage, or posts the message. Returns the bytes posted, if it posted.
+fn advance_send(s: &mut LinkState, comm: ::mpi::ffi::MPI_Comm) -> Result<Option<usize>> {
+    if s.phase == Phase::Posted || !s.link.packer.ready()? {
+        return Ok(None);
+    }
+    if let (Phase::Packing, Some(stage)) = (s.phase, &mut s.stage) {
+        // The pack finished: copy it to the pinned stage (`ready` again after it).
+        copy(s.link.packer.stream(), s.link.packer.pack_buffer()?, stage)?;
+        s.phase = Phase::Staging;
+        return Ok(None);
+    }
+    let bytes = s.link.packer.buffer_bytes();
+    let ptr = match &s.stage {
+        Some(stage) => stage.as_slice()?.as_ptr(),
+        None => s.link.packer.pack_buffer()?.as_ptr(),
+    };
+    // SAFETY: the packed bytes (or their staged copy) are complete (`ready`, and the accessors
+    // waited) and nothing writes them until the send completes: the next pack is queued by the
+    // next exchange, which starts after this one's sends completed; on failure the buffer is
+    // leaked (`fail`).
+    s.request = Some(unsafe { RawRequest::send(ptr, bytes, s.link.peer, s.link.tag, comm)? });
+    s.phase = Phase::Posted;
+    Ok(Some(bytes))
 }
 
 /// The packer's array lists for a tile: its exchanges are quantity-major (`k` regions of
