@@ -59,7 +59,10 @@ if command -v mpicc >/dev/null 2>&1; then
   mkdir -p "$bundle/mpi"
   cargo test --release --no-run --features mpi --test mpi_halo --message-format=json 2>/dev/null \
     | list_executables | while read -r kind name path; do
-      [ "$kind" = test ] && [ "$name" = mpi_halo ] && cp "$path" "$bundle/mpi/$name" && strip "$bundle/mpi/$name"
+      if [ "$kind" = test ] && [ "$name" = mpi_halo ]; then
+        cp "$path" "$bundle/mpi/$name"
+        strip "$bundle/mpi/$name"
+      fi
     done
 fi
 # The drift tests need the sources; they have nothing to do on a GPU.
