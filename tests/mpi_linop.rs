@@ -21,8 +21,8 @@ use num_complex::Complex;
 use util::{assert_close, inner, random_array, random_batches, random_graph, random_vec, Rng, Sizes};
 
 /// One random case: every rank draws the same graph, spec and input from `seed`. Returns
-/// whether the operator reduced (rather than gathered).
-fn distributed_equals_unsplit<T: Field>(world: &impl Communicator, seed: u64, tol: f64) -> bool {
+/// whether the operator reduced (rather than gathered) and whether it scattered its input.
+fn distributed_equals_unsplit<T: Field>(world: &impl Communicator, seed: u64, tol: f64) -> (bool, bool) {
     let (me, size) = (world.rank(), world.size());
     let mut rng = Rng::new(seed);
     let host = DeviceSpec::new(Device::Host).unwrap();
@@ -74,7 +74,7 @@ fn distributed_equals_unsplit<T: Field>(world: &impl Communicator, seed: u64, to
     let rhs = inner(&x.to_vec().unwrap(), &ahy);
     let scale = (lhs.0 * lhs.0 + lhs.1 * lhs.1).sqrt();
     assert!(((lhs.0 - rhs.0).powi(2) + (lhs.1 - rhs.1).powi(2)).sqrt() <= 1e-5 * scale.max(1e-30));
-    dist.reduces()
+    (dist.reduces(), dist.scatters_input())
 }
 
 #[test]
@@ -85,18 +85,36 @@ fn distributed_equals_unsplit_for_random_graphs() {
     let universe = mpi::initialize().expect("MPI initialises once");
     let world = universe.world();
     let mut modes = [0usize; 2];
+    let mut inputs = [0usize; 2];
+    let mut count = |(reduced, scattered): (bool, bool)| {
+        modes[usize::from(reduced)] += 1;
+        inputs[usize::from(scattered)] += 1;
+    };
     for seed in 0..30 {
-        modes[usize::from(distributed_equals_unsplit::<f64>(&world, seed, 1e-11))] += 1;
+        count(distributed_equals_unsplit::<f64>(&world, seed, 1e-11));
     }
     for seed in 100..120 {
-        modes[usize::from(distributed_equals_unsplit::<Complex<f64>>(&world, seed, 1e-11))] += 1;
+        count(distributed_equals_unsplit::<Complex<f64>>(&world, seed, 1e-11));
     }
     for seed in 200..210 {
         distributed_equals_unsplit::<f32>(&world, seed, 1e-4);
         distributed_equals_unsplit::<Complex<f32>>(&world, seed, 1e-4);
     }
     assert!(modes[0] > 0 && modes[1] > 0, "both assemblies occur: gather {} reduce {}", modes[0], modes[1]);
-    println!("rank {}: gathered {} and reduced {} cases", world.rank(), modes[0], modes[1]);
+    assert!(
+        inputs[0] > 0 && inputs[1] > 0,
+        "both input paths occur: broadcast {} scatter {}",
+        inputs[0],
+        inputs[1]
+    );
+    println!(
+        "rank {}: gathered {} and reduced {} cases; broadcast {} and scattered {} inputs",
+        world.rank(),
+        modes[0],
+        modes[1],
+        inputs[0],
+        inputs[1]
+    );
 }
 
 #[test]

@@ -10,9 +10,10 @@
 //!   [`DeviceMatrix`](crate::linop::DeviceMatrix)), placed on the entry's device and split
 //!   further by the spec's `local` specs, exactly as
 //!   [`create_batched_linop`](crate::linop::create_batched_linop) places tiles.
-//! - Data: the input lives on the base rank (host memory there); it is broadcast to every
-//!   rank, each rank applies its tiles to their input slices, and the results meet on the base
-//!   rank. Dims split in the output (batch or output dims: `Concat` in a single process)
+//! - Data: the input lives on the base rank (host memory there). Each rank with tiles gets the
+//!   smallest box of the input its tiles read, sent point to point from the base rank, or the
+//!   whole input by broadcast when every such rank reads all of it; each rank applies its tiles
+//!   to their input slices, and the results meet on the base rank. Dims split in the output (batch or output dims: `Concat` in a single process)
 //!   become a gather to the base rank; dims split only in the input or inside the operator
 //!   (`Add`) become a sum: `MPI_Reduce` (`MPI_Allreduce` for `apply_all`) when no output dim
 //!   is split, else each rank's partial blocks are gathered and summed on the base rank.
@@ -29,6 +30,7 @@ use std::ops::Range;
 
 use ::mpi::collective::{CommunicatorCollectives, Root, SystemOperation};
 use ::mpi::datatype::{Equivalence, PartitionMut};
+use ::mpi::point_to_point::{Destination, Source};
 use ::mpi::topology::{Communicator, SimpleCommunicator};
 
 use super::raw::{agree, PrivateComm};
@@ -172,6 +174,11 @@ pub struct DistributedLinop<T: Field> {
     blocks: Vec<Vec<Range<usize>>>,
     /// For every rank, the blocks it holds partial sums of (sorted).
     rank_blocks: Vec<Vec<usize>>,
+    /// For every rank, the box of the input its tiles read (`None`: it has no tiles).
+    rank_inputs: Vec<Option<Vec<Range<usize>>>>,
+    /// Whether ranks get only their input boxes (point-to-point) rather than the whole input
+    /// (broadcast): when some rank with tiles reads less than the whole input.
+    scatter: bool,
     assembly: Assembly,
 }
 
@@ -209,6 +216,7 @@ pub fn create_distributed_linop<T: Field>(
     let mut blocks: Vec<Vec<Range<usize>>> = Vec::new();
     let mut rank_blocks: Vec<Vec<usize>> = vec![Vec::new(); usize::try_from(size).unwrap_or(0)];
     let mut mine = Vec::new();
+    let mut rank_inputs: Vec<Option<Vec<Range<usize>>>> = vec![None; rank_blocks.len()];
     for tile in grid.tiles {
         let block = match blocks.iter().position(|b| *b == tile.oslices) {
             Some(b) => b,
@@ -219,10 +227,16 @@ pub fn create_distributed_linop<T: Field>(
         };
         let entry = grid_entry(&spec.ranks.shape, &tile.index);
         let placement = spec.ranks.entries[entry];
-        let held = &mut rank_blocks[usize::try_from(placement.rank).unwrap_or(0)];
-        if !held.contains(&block) {
-            held.push(block);
+        let r = usize::try_from(placement.rank).unwrap_or(0);
+        if !rank_blocks[r].contains(&block) {
+            rank_blocks[r].push(block);
         }
+        rank_inputs[r] = Some(match rank_inputs[r].take() {
+            None => tile.islices.clone(),
+            Some(b) => {
+                b.iter().zip(&tile.islices).map(|(a, t)| a.start.min(t.start)..a.end.max(t.end)).collect()
+            }
+        });
         if placement.rank == me {
             mine.push((entry, placement.device, tile, block));
         }
@@ -230,6 +244,8 @@ pub fn create_distributed_linop<T: Field>(
     for held in &mut rank_blocks {
         held.sort_unstable();
     }
+    let whole: Vec<Range<usize>> = op.idims().sizes().iter().map(|&n| 0..n).collect();
+    let scatter = rank_inputs.iter().flatten().any(|b| *b != whole);
     let placed = place_local(mine, &spec.local);
     agree(&comm, placed.as_ref().err(), "placing its tiles failed")?;
     let (host, tiles) = placed?;
@@ -243,6 +259,8 @@ pub fn create_distributed_linop<T: Field>(
         tiles,
         blocks,
         rank_blocks,
+        rank_inputs,
+        scatter,
         assembly: if output_split { Assembly::Gather } else { Assembly::Reduce },
     })
 }
@@ -298,6 +316,12 @@ impl<T: Field> DistributedLinop<T> {
         self.assembly == Assembly::Reduce
     }
 
+    /// Whether each rank receives only the box of the input its tiles read (point-to-point
+    /// from the base rank) rather than the whole input (a broadcast).
+    pub fn scatters_input(&self) -> bool {
+        self.scatter
+    }
+
     /// The adjoint, distributed by the same spec (collective).
     ///
     /// # Errors
@@ -346,14 +370,20 @@ impl<T: Field> DistributedLinop<T> {
         let me = self.comm.rank();
         let base = self.spec.base_rank;
         let root = self.comm.process_at_rank(base);
-        // 1. The base rank's input, checked, then agreed on and broadcast.
+        // 1. The base rank's input, checked, agreed on, then broadcast, or each rank's box
+        //    of it sent to that rank.
         let mut input = vec![T::zero(); self.idims.numel()];
         let local: Result<()> =
             if me == base { read_input(x, &self.idims).map(|v| input = v) } else { Ok(()) };
         agree(&self.comm, local.as_ref().err(), "its input was rejected")?;
-        broadcast(&root, as_scalars_mut::<T, S>(&mut input)?);
+        let (input, input_box) = if self.scatter {
+            self.scatter_input::<S>(input)?
+        } else {
+            broadcast(&root, as_scalars_mut::<T, S>(&mut input)?);
+            (input, self.idims.sizes().iter().map(|&n| 0..n).collect())
+        };
         // 2. This rank's tiles, summed per output block.
-        let partial = self.compute(&input);
+        let partial = self.compute(&input, &input_box);
         agree(&self.comm, partial.as_ref().err(), "one of its tiles failed")?;
         let partial = partial?;
         // 3. The results meet.
@@ -385,13 +415,17 @@ impl<T: Field> DistributedLinop<T> {
     }
 
     /// Applies every local tile to its slice of `input`; sums per block, in block order.
-    fn compute(&self, input: &[T]) -> Result<Vec<(usize, Vec<T>)>> {
-        let x = Array::from_slice(&self.host, self.idims.sizes(), input)?;
+    fn compute(&self, input: &[T], input_box: &[Range<usize>]) -> Result<Vec<(usize, Vec<T>)>> {
+        if self.tiles.is_empty() {
+            return Ok(Vec::new());
+        }
+        let shape: Vec<usize> = input_box.iter().map(|r| r.len()).collect();
+        let x = Array::from_slice(&self.host, &shape, input)?;
         let mut outs = Vec::with_capacity(self.tiles.len());
         for t in &self.tiles {
             let mut xt = x.clone();
-            for (axis, r) in t.islices.iter().enumerate() {
-                xt = xt.slice(axis, r.clone())?;
+            for (axis, (r, b)) in t.islices.iter().zip(input_box).enumerate() {
+                xt = xt.slice(axis, r.start - b.start..r.end - b.start)?;
             }
             // Queued on the tiles' streams: tiles on different devices run concurrently.
             outs.push((t.block, t.op.apply(&xt)?));
@@ -407,6 +441,42 @@ impl<T: Field> DistributedLinop<T> {
             }
         }
         Ok(sums.into_iter().collect())
+    }
+
+    /// Sends every rank with tiles its box of the input (the base rank's `input`; empty
+    /// elsewhere); returns this rank's box and its contents.
+    fn scatter_input<S: Equivalence + bytemuck::Pod>(
+        &self,
+        input: Vec<T>,
+    ) -> Result<(Vec<T>, Vec<Range<usize>>)> {
+        let me = self.comm.rank();
+        let base = self.spec.base_rank;
+        let box_len = |b: &[Range<usize>]| -> usize { b.iter().map(|r| r.len()).product() };
+        let mine = self.rank_inputs.get(usize::try_from(me).unwrap_or(0)).cloned().flatten();
+        if me == base {
+            for (r, b) in self.rank_inputs.iter().enumerate() {
+                let (Some(b), Ok(rank)) = (b, i32::try_from(r)) else { continue };
+                if rank == base {
+                    continue;
+                }
+                let part = take_block(&input, self.idims.sizes(), b);
+                let dest = self.comm.process_at_rank(rank);
+                for chunk in as_scalars::<T, S>(&part)?.chunks(CHUNK) {
+                    dest.send(chunk);
+                }
+            }
+            return Ok(match mine {
+                Some(b) => (take_block(&input, self.idims.sizes(), &b), b),
+                None => (Vec::new(), Vec::new()),
+            });
+        }
+        let Some(b) = mine else { return Ok((Vec::new(), Vec::new())) };
+        let mut part = vec![T::zero(); box_len(&b)];
+        let root = self.comm.process_at_rank(base);
+        for chunk in as_scalars_mut::<T, S>(&mut part)?.chunks_mut(CHUNK) {
+            root.receive_into(chunk);
+        }
+        Ok((part, b))
     }
 
     /// Gathers every rank's partial blocks on the base rank and sums them into the output.
@@ -468,27 +538,27 @@ fn read_input<T: Field>(x: Option<&Array<T>>, idims: &Dims) -> Result<Vec<T>> {
     x.to_vec()
 }
 
-/// Adds `block` (row-major, shaped by `region`) into `out` (row-major, shaped by `shape`).
-fn add_block<T: Field>(out: &mut [T], shape: &[usize], region: &[Range<usize>], block: &[T]) {
+/// Calls `row(start, k)` for every row of `region` (its last axis) inside a row-major array of
+/// `shape`: `start` is the row's offset in the array, `k` its index among the region's rows.
+/// Returns the row length (0 when the region is empty); a 0-d array is one row of length 1.
+fn for_each_row(shape: &[usize], region: &[Range<usize>], mut row: impl FnMut(usize, usize)) -> usize {
     let ndim = shape.len();
     if ndim == 0 {
-        if let (Some(o), Some(b)) = (out.first_mut(), block.first()) {
-            *o += *b;
-        }
-        return;
+        row(0, 0);
+        return 1;
     }
-    let row = region[ndim - 1].len();
-    if row == 0 {
-        return;
+    let len = region[ndim - 1].len();
+    let rows: usize = region[..ndim - 1].iter().map(|r| r.len()).product();
+    if len == 0 || rows == 0 {
+        return 0;
     }
     let mut strides = vec![1usize; ndim];
     for a in (0..ndim - 1).rev() {
         strides[a] = strides[a + 1] * shape[a + 1];
     }
     let mut index: Vec<usize> = region.iter().map(|r| r.start).collect();
-    for chunk in block.chunks(row) {
-        let start: usize = index.iter().zip(&strides).map(|(i, s)| i * s).sum();
-        out[start..start + row].iter_mut().zip(chunk).for_each(|(o, b)| *o += *b);
+    for k in 0..rows {
+        row(index.iter().zip(&strides).map(|(i, s)| i * s).sum(), k);
         // Next row: advance the outer axes (the last axis is covered by the row).
         for a in (0..ndim - 1).rev() {
             index[a] += 1;
@@ -498,6 +568,23 @@ fn add_block<T: Field>(out: &mut [T], shape: &[usize], region: &[Range<usize>], 
             index[a] = region[a].start;
         }
     }
+    len
+}
+
+/// Adds `block` (row-major, shaped by `region`) into `out` (row-major, shaped by `shape`).
+fn add_block<T: Field>(out: &mut [T], shape: &[usize], region: &[Range<usize>], block: &[T]) {
+    let len = region.last().map_or(1, |r| r.len());
+    for_each_row(shape, region, |start, k| {
+        out[start..start + len].iter_mut().zip(&block[k * len..(k + 1) * len]).for_each(|(o, b)| *o += *b);
+    });
+}
+
+/// The elements of `region` of `data` (row-major, shaped by `shape`), row-major.
+fn take_block<T: Field>(data: &[T], shape: &[usize], region: &[Range<usize>]) -> Vec<T> {
+    let len = region.last().map_or(1, |r| r.len());
+    let mut out = Vec::with_capacity(region.iter().map(|r| r.len()).product());
+    for_each_row(shape, region, |start, _| out.extend_from_slice(&data[start..start + len]));
+    out
 }
 
 /// Bytes of one real scalar of `T` (a complex value is two).
@@ -552,12 +639,12 @@ fn sum_to<R: Root, S: Equivalence>(
 
 #[cfg(test)]
 mod tests {
-    use super::add_block;
+    use super::{add_block, take_block};
     use std::ops::Range;
 
     /// `add_block` against a plain loop over every element of the output.
     #[test]
-    fn add_block_adds_exactly_the_region() {
+    fn add_block_and_take_block_touch_exactly_the_region() {
         let shape = [3usize, 4, 5];
         let region: [Range<usize>; 3] = [1..3, 0..4, 2..4];
         let block: Vec<f64> = (0..2 * 4 * 2).map(|v| f64::from(v) + 0.5).collect();
@@ -579,6 +666,18 @@ mod tests {
                 }
             }
         }
+        // take_block reads the same elements back, in the block's order.
+        let data: Vec<f64> = (0..60).map(f64::from).collect();
+        let taken = take_block(&data, &shape, &region);
+        let mut want = Vec::new();
+        for i in region[0].clone() {
+            for j in region[1].clone() {
+                for l in region[2].clone() {
+                    want.push(data[(i * 4 + j) * 5 + l]);
+                }
+            }
+        }
+        assert_eq!(taken, want);
         // A 0-d output and an empty region.
         let mut scalar = vec![2.0f64];
         add_block(&mut scalar, &[], &[], &[3.0]);
