@@ -12,7 +12,8 @@
 //! Rules:
 //! - cuferry does not initialise MPI: the caller does (`mpi::initialize()`), and passes a
 //!   communicator. Each object works on a private duplicate of it, so its messages never
-//!   meet the caller's.
+//!   meet the caller's; dropping the object frees the duplicate, so drop it before MPI is
+//!   finalised (before rsmpi's `Universe`).
 //! - Calls that involve other ranks are collective over the ranks concerned, and never hang
 //!   on a failure that a rank can report: a failing rank tells the others, which return
 //!   [`Error::PeerFailed`](crate::Error::PeerFailed); point-to-point waits also have a
