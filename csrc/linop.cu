@@ -13,32 +13,32 @@ constexpr int kThreads = 256;
 
 template <typename T>
 struct Ops {
-  __device__ static T mul(T a, T b) { return a * b; }
-  __device__ static T conj(T a) { return a; }
-  __device__ static T from(double re, double) { return static_cast<T>(re); }
-  __device__ static T zero() { return T(0); }
+  __host__ __device__ static T mul(T a, T b) { return a * b; }
+  __host__ __device__ static T conj(T a) { return a; }
+  __host__ __device__ static T from(double re, double) { return static_cast<T>(re); }
+  __host__ __device__ static T zero() { return T(0); }
 };
 
 template <>
 struct Ops<float2> {
-  __device__ static float2 mul(float2 a, float2 b) {
+  __host__ __device__ static float2 mul(float2 a, float2 b) {
     return make_float2(a.x * b.x - a.y * b.y, a.x * b.y + a.y * b.x);
   }
-  __device__ static float2 conj(float2 a) { return make_float2(a.x, -a.y); }
-  __device__ static float2 from(double re, double im) {
+  __host__ __device__ static float2 conj(float2 a) { return make_float2(a.x, -a.y); }
+  __host__ __device__ static float2 from(double re, double im) {
     return make_float2(static_cast<float>(re), static_cast<float>(im));
   }
-  __device__ static float2 zero() { return make_float2(0.f, 0.f); }
+  __host__ __device__ static float2 zero() { return make_float2(0.f, 0.f); }
 };
 
 template <>
 struct Ops<double2> {
-  __device__ static double2 mul(double2 a, double2 b) {
+  __host__ __device__ static double2 mul(double2 a, double2 b) {
     return make_double2(a.x * b.x - a.y * b.y, a.x * b.y + a.y * b.x);
   }
-  __device__ static double2 conj(double2 a) { return make_double2(a.x, -a.y); }
-  __device__ static double2 from(double re, double im) { return make_double2(re, im); }
-  __device__ static double2 zero() { return make_double2(0.0, 0.0); }
+  __host__ __device__ static double2 conj(double2 a) { return make_double2(a.x, -a.y); }
+  __host__ __device__ static double2 from(double re, double im) { return make_double2(re, im); }
+  __host__ __device__ static double2 zero() { return make_double2(0.0, 0.0); }
 };
 
 __device__ __forceinline__ float add(float a, float b) { return a + b; }

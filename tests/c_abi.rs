@@ -7,9 +7,10 @@ mod common;
 use std::path::PathBuf;
 use std::process::Command;
 
-/// Builds the consumer once per test binary run; `None` (with SKIP) without a C compiler or
-/// sources.
-fn build_consumer() -> Option<PathBuf> {
+/// Builds the consumer into a file of its own for `tag` (tests run in parallel: one shared
+/// path would be rewritten while another test executes it); `None` (with SKIP) without a C
+/// compiler or sources.
+fn build_consumer(tag: &str) -> Option<PathBuf> {
     let (lib, src) = (common::cdylib_dir(), common::c_sources());
     let program = src.join("tests/c/consumer.c");
     if !program.exists() || !lib.join("libcuferry.so").exists() {
@@ -17,7 +18,7 @@ fn build_consumer() -> Option<PathBuf> {
         return None;
     }
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let out = std::env::temp_dir().join(format!("cuferry-c-consumer-{}", std::process::id()));
+    let out = std::env::temp_dir().join(format!("cuferry-c-consumer-{}-{tag}", std::process::id()));
     let status = Command::new(&cc)
         .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1"])
         .arg("-I")
@@ -41,7 +42,7 @@ fn build_consumer() -> Option<PathBuf> {
 }
 
 fn run_consumer(device: i32) {
-    let Some(exe) = build_consumer() else { return };
+    let Some(exe) = build_consumer(&device.to_string()) else { return };
     let out = Command::new(&exe).arg(device.to_string()).output().expect("run the C consumer");
     let _ = std::fs::remove_file(&exe);
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));

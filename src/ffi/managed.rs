@@ -20,6 +20,7 @@ use super::{device_of, guard, set_last_error, write_out, CuferryStatus};
 use crate::cuda::managed::{self as raw, Batch};
 use crate::cuda::stream::RawStream;
 use crate::error::{Error, Result};
+use crate::managed::advice_refused;
 use crate::managed::{Advice, Location, ManagedPool, ManagedPoolOptions, PoolKind};
 
 /// Location kind: a CUDA device (`id` is its ordinal).
@@ -186,14 +187,31 @@ pub unsafe extern "C" fn cuferry_managed_free(
 fn owner(ptr: *const c_void, bytes: usize) -> Result<i32> {
     let addr = ptr as usize;
     if let Some((&start, &(device, len))) = allocations().range(..=addr).next_back() {
-        if addr + bytes <= start + len {
+        if addr < start + len {
+            if bytes > start + len - addr {
+                return Err(Error::invalid(format!(
+                    "{ptr:?}..+{bytes} runs past the end of its allocation ({len} bytes at {start:#x})"
+                )));
+            }
             return Ok(device);
         }
     }
-    match raw::pointer_is_managed(ptr) {
-        Ok((true, device)) => Ok(device),
+    // Foreign managed memory: both ends must be managed (CUDA checks the rest).
+    let last = addr.checked_add(bytes - 1).ok_or_else(|| Error::invalid("range wraps the address space"))?;
+    match (raw::pointer_is_managed(ptr), raw::pointer_is_managed(last as *const c_void)) {
+        (Ok((true, device)), Ok((true, last_device))) if device == last_device => Ok(device),
         _ => Err(Error::invalid(format!("{ptr:?}..+{bytes} is not inside managed memory"))),
     }
+}
+
+/// Whether `ptr` lies in a cuferry allocation from a CUDA managed memory pool.
+fn from_managed_pool(ptr: *const c_void) -> bool {
+    let addr = ptr as usize;
+    let device = match allocations().range(..=addr).next_back() {
+        Some((&start, &(device, len))) if addr < start + len => device,
+        _ => return false,
+    };
+    device >= 0 && pool_for(device).is_ok_and(|p| p.kind() == PoolKind::ManagedPool)
 }
 
 /// Checks the ranges and the device's capabilities; `Ok(false)` for host-pool memory.
@@ -342,6 +360,7 @@ pub unsafe extern "C" fn cuferry_managed_advise(
         };
         // SAFETY: the range is live managed memory (checked).
         unsafe { raw::advise_ranges(&mut batch, value, loc) }
+            .map_err(|e| advice_refused(e, from_managed_pool(ptr)))
     })
 }
 

@@ -210,7 +210,9 @@ impl<T: Element> ManagedBuffer<T> {
     ///
     /// # Errors
     ///
-    /// See the module rules; CUDA errors of `cudaMemAdvise`.
+    /// See the module rules; [`Error::Unsupported`] where the driver refuses advice on
+    /// managed-pool memory (see [`advise_all`](super::advise_all)); CUDA errors of
+    /// `cudaMemAdvise`.
     pub fn advise(&self, advice: Advice) -> Result<usize> {
         bulk::advise_all(&[self.range()], advice)
     }

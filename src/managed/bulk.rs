@@ -10,12 +10,16 @@
 //!   after earlier writes and before later reads, whatever stream those were on.
 //! - All ranges of a call come from CUDA pools, or all from host pools; mixing is an error.
 //!   The capability rules of [`ManagedBuffer`](super::ManagedBuffer) apply.
+//! - Advice on memory of a CUDA managed memory pool that the driver refuses
+//!   (`cudaErrorNotSupported`; every allocation of such pools on the H100's driver 580.159)
+//!   is [`Error::Unsupported`] saying so; `cudaMallocManaged` memory
+//!   ([`ManagedPoolOptions::use_malloc_managed`](super::ManagedPoolOptions)) takes advice.
 
 use std::collections::BTreeMap;
 use std::os::raw::c_void;
 
 use super::location::{Advice, Location};
-use super::pool::{PoolInner, PoolKind};
+use super::pool::{PoolInner, PoolKind, NOT_SUPPORTED};
 use crate::cuda::managed::{self as raw, Batch};
 use crate::error::{Error, Result};
 use crate::memory::tracker::UseTracker;
@@ -263,6 +267,20 @@ pub fn advise_all(ranges: &[ManagedRange<'_>], advice: Advice) -> Result<usize> 
         starts: Vec::new(),
     };
     // SAFETY: every range is inside a live allocation (the borrows in `ranges`).
-    unsafe { raw::advise_ranges(&mut batch, value, location) }?;
+    unsafe { raw::advise_ranges(&mut batch, value, location) }
+        .map_err(|e| advice_refused(e, ranges.iter().any(|r| r.pool.kind == PoolKind::ManagedPool)))?;
     Ok(total)
+}
+
+/// Turns the driver's refusal of advice on managed-pool memory into [`Error::Unsupported`];
+/// other errors pass through.
+pub(crate) fn advice_refused(err: Error, managed_pool_memory: bool) -> Error {
+    match err {
+        Error::Cuda { code: NOT_SUPPORTED, .. } if managed_pool_memory => Error::unsupported(
+            "cudaMemAdvise on memory of a CUDA managed memory pool: this driver refuses advice on \
+             such allocations (cudaErrorNotSupported); allocate from a pool made with \
+             ManagedPoolOptions { use_malloc_managed: true } for memory that takes advice",
+        ),
+        other => other,
+    }
 }

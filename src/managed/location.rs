@@ -66,14 +66,16 @@ pub enum Advice {
 }
 
 impl Advice {
-    /// (cudaMemoryAdvise value, location argument).
+    /// (cudaMemoryAdvise value, location argument). Advice that names no location still passes
+    /// a valid one (the host): CUDA 13 ignores it for those kinds but answers a location of
+    /// type none with `cudaErrorInvalidValue` (seen on an H100, driver 580.159).
     pub(crate) fn raw(self) -> Result<(i32, sys::cuferry_location)> {
-        let none = sys::cuferry_location { type_: sys::CUFERRY_LOCATION_NONE, id: 0 };
+        let ignored = sys::cuferry_location { type_: sys::CUFERRY_LOCATION_HOST, id: 0 };
         Ok(match self {
-            Advice::SetReadMostly => (sys::CUFERRY_ADVISE_SET_READ_MOSTLY, none),
-            Advice::UnsetReadMostly => (sys::CUFERRY_ADVISE_UNSET_READ_MOSTLY, none),
+            Advice::SetReadMostly => (sys::CUFERRY_ADVISE_SET_READ_MOSTLY, ignored),
+            Advice::UnsetReadMostly => (sys::CUFERRY_ADVISE_UNSET_READ_MOSTLY, ignored),
             Advice::SetPreferredLocation(l) => (sys::CUFERRY_ADVISE_SET_PREFERRED_LOCATION, l.raw()?),
-            Advice::UnsetPreferredLocation => (sys::CUFERRY_ADVISE_UNSET_PREFERRED_LOCATION, none),
+            Advice::UnsetPreferredLocation => (sys::CUFERRY_ADVISE_UNSET_PREFERRED_LOCATION, ignored),
             Advice::SetAccessedBy(l) => (sys::CUFERRY_ADVISE_SET_ACCESSED_BY, l.raw()?),
             Advice::UnsetAccessedBy(l) => (sys::CUFERRY_ADVISE_UNSET_ACCESSED_BY, l.raw()?),
         })

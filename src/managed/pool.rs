@@ -24,7 +24,7 @@ use crate::error::{record_drop_error, Error, Result};
 use crate::memory::allocation::HOST_ALIGN;
 
 /// `cudaErrorNotSupported`.
-const NOT_SUPPORTED: i32 = 801;
+pub(crate) const NOT_SUPPORTED: i32 = 801;
 /// `cudaErrorInvalidValue` (drivers without managed pools answer pool creation with it).
 const INVALID_VALUE: i32 = 1;
 
@@ -39,7 +39,8 @@ pub struct ManagedPoolOptions {
     /// the fastest for reuse).
     pub release_threshold: u64,
     /// Use `cudaMallocManaged`/`cudaFree` even where managed pools work (to compare, or for
-    /// code that needs non-pool allocations).
+    /// memory that takes `cudaMemAdvise`: drivers may refuse advice on managed-pool memory,
+    /// as the H100's driver 580.159 does).
     pub use_malloc_managed: bool,
 }
 

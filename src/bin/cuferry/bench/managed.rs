@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use cuferry::kernels::sum_u32;
 use cuferry::managed::{prefetch_all, Advice, Location, ManagedBuffer, ManagedPool, ManagedPoolOptions};
-use cuferry::{copy, Device, DeviceBuffer, PinnedBuffer, Result, Stream};
+use cuferry::{copy, Device, DeviceBuffer, Error, PinnedBuffer, Result, Stream};
 
 use super::measure::{gbps, median_secs};
 use super::report::Row;
@@ -119,41 +119,59 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
     r.ceiling = Some(("pinned H2D".into(), h2d));
     rows.push(r);
 
+    // The advice cases run on the pool's memory where the driver takes advice there, else on
+    // cudaMallocManaged memory (drivers may refuse advice on managed-pool memory).
+    let plain_buf: ManagedBuffer<u32>;
+    let (advised, memory) = match buf.advise(Advice::SetPreferredLocation(Location::Host)) {
+        Ok(_) => (&buf, format!("{:?}", pool.kind())),
+        Err(Error::Unsupported { .. }) => {
+            let plain = ManagedPool::new(
+                device,
+                ManagedPoolOptions { use_malloc_managed: true, ..Default::default() },
+            )?;
+            let mut b: ManagedBuffer<u32> = plain.alloc(big / 4, &stream)?;
+            b.as_mut_slice()?.iter_mut().enumerate().for_each(|(i, v)| *v = i as u32);
+            b.advise(Advice::SetPreferredLocation(Location::Host))?;
+            plain_buf = b;
+            println!("managed: the driver refuses advice on managed-pool memory; advice cases use cudaMallocManaged memory");
+            (&plain_buf, "MallocManaged (pool memory refuses advice)".to_string())
+        }
+        Err(e) => return Err(e),
+    };
     // Accessed-by zero-copy: pages stay on the host, the device reads them over the link.
-    buf.advise(Advice::SetPreferredLocation(Location::Host))?;
-    buf.advise(Advice::SetAccessedBy(gpu))?;
-    buf.prefetch(Location::Host, &stream)?;
+    advised.advise(Advice::SetAccessedBy(gpu))?;
+    advised.prefetch(Location::Host, &stream)?;
     stream.synchronize()?;
     let t = Instant::now();
-    let _ = sum_u32(&stream, &buf)?;
+    let _ = sum_u32(&stream, advised)?;
     let mut r = row(
         "accessed-by zero-copy read",
         big,
-        "preferred host",
+        &format!("preferred host; {memory}"),
         gbps(big, t.elapsed().as_secs_f64()),
         "GB/s",
     );
     r.ceiling = Some(("pinned H2D".into(), h2d));
     rows.push(r);
-    buf.advise(Advice::UnsetAccessedBy(gpu))?;
-    buf.advise(Advice::UnsetPreferredLocation)?;
+    advised.advise(Advice::UnsetAccessedBy(gpu))?;
+    advised.advise(Advice::UnsetPreferredLocation)?;
 
     // Read-mostly: once duplicated, later prefetches either way cost ~nothing.
-    buf.advise(Advice::SetReadMostly)?;
-    buf.prefetch(gpu, &stream)?;
+    advised.advise(Advice::SetReadMostly)?;
+    advised.prefetch(gpu, &stream)?;
     stream.synchronize()?;
     let t = Instant::now();
-    buf.prefetch(Location::Host, &stream)?;
-    buf.prefetch(gpu, &stream)?;
+    advised.prefetch(Location::Host, &stream)?;
+    advised.prefetch(gpu, &stream)?;
     stream.synchronize()?;
     rows.push(row(
         "read-mostly prefetch both ways (duplicated)",
         big,
-        "",
+        &memory,
         gbps(2 * big, t.elapsed().as_secs_f64()),
         "GB/s",
     ));
-    buf.advise(Advice::UnsetReadMostly)?;
+    advised.advise(Advice::UnsetReadMostly)?;
 
     // Device-resident managed memory copied to pinned host memory.
     buf.prefetch(gpu, &stream)?;
