@@ -66,3 +66,10 @@ pub(crate) fn enable_peer_access(device: u32, peer: u32) -> Result<()> {
     // SAFETY: plain integer arguments.
     check("cudaDeviceEnablePeerAccess", unsafe { sys::cuferry_cuda_device_enable_peer_access(dev, peer) })
 }
+
+/// `cudaDeviceSynchronize` on `device`: every queued operation of every stream has run.
+pub(crate) fn synchronize(device: u32) -> Result<()> {
+    let dev = ordinal(device)?;
+    // SAFETY: plain value arguments.
+    check("cudaDeviceSynchronize", unsafe { sys::cuferry_cuda_device_synchronize(dev) })
+}

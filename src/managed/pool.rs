@@ -8,6 +8,8 @@
 //!   [`Error::Unsupported`] naming `managedMemory`.
 //! - On the host backend the pool hands out ordinary page-aligned host memory.
 //! - The pool is `Send + Sync`; buffers keep it alive, so it may be dropped before them.
+//! - Dropping the last handle and buffer of a CUDA managed pool waits for the device
+//!   (`cudaDeviceSynchronize`) before destroying it: see `PoolInner`'s `Drop`.
 //! - Statistics: reserved and used bytes, current and high-water (driver counters for CUDA
 //!   pools; cuferry's own counters for the fallback and the host).
 
@@ -222,8 +224,17 @@ fn host_layout(bytes: usize) -> Result<Layout> {
 impl Drop for PoolInner {
     fn drop(&mut self) {
         if let Some(pool) = self.raw.take() {
-            // SAFETY: the last buffer is gone; CUDA releases the pool once frees queued on
-            // streams have run.
+            // The last buffers' frees may still be queued on streams. CUDA documents that a
+            // pool destroyed then is released once they ran, but the H100's driver 580.159
+            // crashed (SIGSEGV in cuMemPoolDestroy) destroying a managed pool with frees
+            // queued while other threads used the device: wait for the device first. Pools
+            // are long-lived; this wait is paid once per pool.
+            if let Device::Cuda(i) = self.device {
+                if let Err(e) = crate::cuda::device::synchronize(i) {
+                    record_drop_error(e);
+                }
+            }
+            // SAFETY: the last buffer is gone and its free has run.
             if let Err(e) = unsafe { raw::pool_destroy(pool) } {
                 record_drop_error(e);
             }

@@ -36,8 +36,13 @@ pub fn ranks(test: &str, np: usize) -> bool {
     };
     let exe = std::env::current_exe().expect("the test binary's path");
     let mut cmd = Command::new("mpirun");
+    // Open MPI writes each rank's output to a file of its own (ranks' lines interleave in
+    // mpirun's stdout, seen mid-line on a 16-core machine): the pass count reads those.
+    let per_rank = std::env::temp_dir().join(format!("cuferry-mpi-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&per_rank);
     if openmpi {
-        cmd.args(["--allow-run-as-root", "--oversubscribe", "-x", MARKER]);
+        cmd.args(["--allow-run-as-root", "--oversubscribe", "-x", MARKER, "--output-filename"]);
+        cmd.arg(&per_rank);
     }
     cmd.arg("-np").arg(np.to_string()).arg(exe).args([test, "--exact", "--nocapture", "--test-threads=1"]);
     cmd.env(MARKER, test).stdout(Stdio::piped()).stderr(Stdio::piped());
@@ -74,11 +79,35 @@ pub fn ranks(test: &str, np: usize) -> bool {
         Some(s) => assert!(s.success(), "mpirun -np {np} {test} failed ({s})"),
         None => panic!("mpirun -np {np} {test} did not finish in {JOB_DEADLINE:?}: a hang"),
     }
-    assert!(
-        out.matches("test result: ok. 1 passed").count() == np,
-        "expected {np} ranks to pass {test}; stdout above"
-    );
+    let rank_outputs = if openmpi { rank_stdouts(&per_rank) } else { vec![out] };
+    let _ = std::fs::remove_dir_all(&per_rank);
+    let passed: usize = rank_outputs.iter().map(|o| o.matches("test result: ok. 1 passed").count()).sum();
+    if openmpi {
+        for (rank, text) in rank_outputs.iter().enumerate() {
+            println!("--- rank output {rank} ---\n{text}");
+        }
+    }
+    assert!(passed == np, "expected {np} ranks to pass {test}, saw {passed}; output above");
     false
+}
+
+/// The text of every `stdout` file under `dir` (Open MPI's `--output-filename` layout:
+/// `dir/1/rank.N/stdout`), in path order.
+fn rank_stdouts(dir: &std::path::Path) -> Vec<String> {
+    let mut files = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(d) = pending.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if path.file_name().is_some_and(|n| n == "stdout") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    files.iter().map(|f| std::fs::read_to_string(f).unwrap_or_default()).collect()
 }
 
 /// In a rank, a panic aborts the whole job (`MPI_Abort`): the other ranks would otherwise wait
