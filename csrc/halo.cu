@@ -34,67 +34,49 @@ __device__ __forceinline__ unsigned neg_word(unsigned w, int index, int kind) {
   }
 }
 
-// One access unit (1, 2, 4, 8 or 16 bytes) in the low lanes of a uint4.
-__device__ __forceinline__ uint4 load_unit(const unsigned char *src, int bytes) {
-  uint4 v = make_uint4(0u, 0u, 0u, 0u);
+__device__ __forceinline__ void move_unit(const unsigned char *src, unsigned char *dst, int bytes,
+                                          int kind, bool negate) {
   switch (bytes) {
-    case 16:
-      v = *reinterpret_cast<const uint4 *>(src);
-      break;
-    case 8: {
-      const uint2 t = *reinterpret_cast<const uint2 *>(src);
-      v.x = t.x;
-      v.y = t.y;
-      break;
-    }
-    case 4:
-      v.x = *reinterpret_cast<const unsigned *>(src);
-      break;
-    case 2:
-      v.x = *reinterpret_cast<const unsigned short *>(src);
-      break;
-    default:
-      v.x = *src;
-      break;
-  }
-  return v;
-}
-
-// Negates the elements of a unit of 4, 8 or 16 bytes (narrower kinds are never negated).
-__device__ __forceinline__ uint4 negate_unit(uint4 v, int bytes, int kind) {
-  if (bytes >= 4) v.x = neg_word(v.x, 0, kind);
-  if (bytes >= 8) v.y = neg_word(v.y, 1, kind);
-  if (bytes == 16) {
-    v.z = neg_word(v.z, 2, kind);
-    v.w = neg_word(v.w, 3, kind);
-  }
-  return v;
-}
-
-__device__ __forceinline__ void store_unit(unsigned char *dst, uint4 v, int bytes) {
-  switch (bytes) {
-    case 16:
+    case 16: {
+      uint4 v = *reinterpret_cast<const uint4 *>(src);
+      if (negate) {
+        v.x = neg_word(v.x, 0, kind);
+        v.y = neg_word(v.y, 1, kind);
+        v.z = neg_word(v.z, 2, kind);
+        v.w = neg_word(v.w, 3, kind);
+      }
       *reinterpret_cast<uint4 *>(dst) = v;
       break;
-    case 8:
-      *reinterpret_cast<uint2 *>(dst) = make_uint2(v.x, v.y);
+    }
+    case 8: {
+      uint2 v = *reinterpret_cast<const uint2 *>(src);
+      if (negate) {
+        v.x = neg_word(v.x, 0, kind);
+        v.y = neg_word(v.y, 1, kind);
+      }
+      *reinterpret_cast<uint2 *>(dst) = v;
       break;
-    case 4:
-      *reinterpret_cast<unsigned *>(dst) = v.x;
+    }
+    case 4: {
+      unsigned v = *reinterpret_cast<const unsigned *>(src);
+      if (negate) {
+        v = neg_word(v, 0, kind);
+      }
+      *reinterpret_cast<unsigned *>(dst) = v;
       break;
+    }
     case 2:
-      *reinterpret_cast<unsigned short *>(dst) = static_cast<unsigned short>(v.x);
+      *reinterpret_cast<unsigned short *>(dst) = *reinterpret_cast<const unsigned short *>(src);
       break;
     default:
-      *dst = static_cast<unsigned char>(v.x);
+      *dst = *src;
       break;
   }
 }
 
-// Addresses of unit `local` (numbered within descriptor `d`): (array side, packed side).
-__device__ __forceinline__ void desc_unit_addresses(const cuferry_halo_desc &d, unsigned local,
-                                                    unsigned char *packed, unsigned char **array_at,
-                                                    unsigned char **packed_at) {
+// Moves unit `local` (numbered within descriptor `d`).
+__device__ __forceinline__ void move_desc_unit(const cuferry_halo_desc &d, unsigned local,
+                                               unsigned char *packed, int direction) {
   const int ndim = d.ndim;
   const unsigned row_units = static_cast<unsigned>(d.row_units);
   unsigned row = local / row_units;
@@ -110,13 +92,16 @@ __device__ __forceinline__ void desc_unit_addresses(const cuferry_halo_desc &d, 
     a_off += idx * d.array_stride[k];
     p_off += idx * d.packed_stride[k];
   }
-  *array_at = reinterpret_cast<unsigned char *>(d.array) + a_off * d.elem_size;
-  *packed_at = packed + d.packed_offset + p_off * d.elem_size;
+  unsigned char *a = reinterpret_cast<unsigned char *>(d.array) + a_off * d.elem_size;
+  unsigned char *p = packed + d.packed_offset + p_off * d.elem_size;
+  const int bytes = d.unit_elems * d.elem_size;
+  if (direction == CUFERRY_HALO_PACK) {
+    move_unit(a, p, bytes, d.elem_kind, d.negate != 0);
+  } else {
+    move_unit(p, a, bytes, d.elem_kind, false);
+  }
 }
 
-// Each thread moves kUnitsPerThread units, a block's threads interleaved so that neighbouring
-// threads touch neighbouring units. All of a thread's loads are issued before its first store
-// (the loop is unrolled into registers): several loads in flight per thread instead of one.
 __global__ void __launch_bounds__(kThreads)
     halo_kernel(const cuferry_halo_desc *__restrict__ table, int n_desc, long long total_units,
                 unsigned char *packed, int direction) {
@@ -136,39 +121,16 @@ __global__ void __launch_bounds__(kThreads)
     first_desc = lo;
   }
   __syncthreads();
-  const bool pack = direction == CUFERRY_HALO_PACK;
-  uint4 value[kUnitsPerThread];
-  unsigned char *dst[kUnitsPerThread];
-  int bytes[kUnitsPerThread];
-  int negate_kind[kUnitsPerThread];  // -1: no negation
   int d = first_desc;
-#pragma unroll
   for (int it = 0; it < kUnitsPerThread; ++it) {
     const long long u = chunk + static_cast<long long>(it) * kThreads + threadIdx.x;
-    bytes[it] = 0;
-    dst[it] = nullptr;
-    negate_kind[it] = -1;
-    value[it] = make_uint4(0u, 0u, 0u, 0u);
-    if (u < total_units) {
-      while (d + 1 < n_desc && u >= table[d].unit_first + table[d].units) {
-        ++d;
-      }
-      const cuferry_halo_desc &desc = table[d];
-      unsigned char *array_at;
-      unsigned char *packed_at;
-      desc_unit_addresses(desc, static_cast<unsigned>(u - desc.unit_first), packed, &array_at, &packed_at);
-      bytes[it] = desc.unit_elems * desc.elem_size;
-      dst[it] = pack ? packed_at : array_at;
-      negate_kind[it] = (pack && desc.negate != 0) ? desc.elem_kind : -1;
-      value[it] = load_unit(pack ? array_at : packed_at, bytes[it]);
+    if (u >= total_units) {
+      return;
     }
-  }
-#pragma unroll
-  for (int it = 0; it < kUnitsPerThread; ++it) {
-    if (bytes[it] != 0) {
-      const uint4 v = negate_kind[it] >= 0 ? negate_unit(value[it], bytes[it], negate_kind[it]) : value[it];
-      store_unit(dst[it], v, bytes[it]);
+    while (d + 1 < n_desc && u >= table[d].unit_first + table[d].units) {
+      ++d;
     }
+    move_desc_unit(table[d], static_cast<unsigned>(u - table[d].unit_first), packed, direction);
   }
 }
 
