@@ -44,6 +44,16 @@ cuferry_status cuferry_cuda_mem_pool_destroy(cuferry_mem_pool pool) {
   return cf_check(cudaMemPoolDestroy(cf_pool(pool)));
 }
 
+cuferry_status cuferry_cuda_mem_pool_recycle(cuferry_mem_pool pool) {
+  CF_REQUIRE(pool);
+  const cudaMemPool_t p = cf_pool(pool);
+  CF_TRY(cudaMemPoolTrimTo(p, 0));
+  unsigned long long zero = 0;
+  CF_TRY(cudaMemPoolSetAttribute(p, cudaMemPoolAttrReservedMemHigh, &zero));
+  CF_TRY(cudaMemPoolSetAttribute(p, cudaMemPoolAttrUsedMemHigh, &zero));
+  return CUFERRY_STATUS_SUCCESS;
+}
+
 cuferry_status cuferry_cuda_mem_pool_alloc_async(cuferry_mem_pool pool, size_t bytes,
                                                  cuferry_stream stream, void **ptr) {
   CF_REQUIRE(pool);

@@ -6,7 +6,7 @@ use super::{check, ordinal, stream::RawStream};
 use crate::error::Result;
 use crate::sys;
 
-/// A `cudaMemPool_t`. Copyable; destroyed only by [`pool_destroy`].
+/// A `cudaMemPool_t`. Copyable; never destroyed (see `managed::pool`): idle pools are recycled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct RawPool(pub(crate) sys::cuferry_mem_pool);
 
@@ -37,14 +37,15 @@ pub(crate) fn managed_pool_create(
     Ok(RawPool(p))
 }
 
-/// `cudaMemPoolDestroy`.
+/// Readies an idle pool for a new owner: trimmed to nothing, high-water marks reset.
 ///
 /// # Safety
 ///
-/// 1. `pool` came from [`managed_pool_create`] and is not used again.
-pub(crate) unsafe fn pool_destroy(pool: RawPool) -> Result<()> {
+/// 1. `pool` came from [`managed_pool_create`]; no allocation of it is live and no free of it
+///    is still queued.
+pub(crate) unsafe fn pool_recycle(pool: RawPool) -> Result<()> {
     // SAFETY: precondition 1.
-    check("cudaMemPoolDestroy", unsafe { sys::cuferry_cuda_mem_pool_destroy(pool.0) })
+    check("cudaMemPoolTrimTo", unsafe { sys::cuferry_cuda_mem_pool_recycle(pool.0) })
 }
 
 /// `cudaMallocFromPoolAsync` (`bytes > 0`).

@@ -5,9 +5,7 @@
 //! - Ranges of one allocation are merged (overlaps and neighbours), so an allocation shared by
 //!   several views is counted, and moved, once. Each call returns the bytes it touched.
 //! - Prefetches are grouped by location into one `cudaMemPrefetchBatchAsync`; a set that merges
-//!   into a single range uses `cudaMemPrefetchAsync`. Allocations of one managed pool that lie
-//!   back to back are prefetched as one range (the driver's cost is per range); a driver that
-//!   refuses such a range (`cudaErrorInvalidValue`) gets them range by range.
+//!   into a single range uses `cudaMemPrefetchAsync`.
 //! - Queued operations are ordered with every range's buffer (use tracking), so a prefetch runs
 //!   after earlier writes and before later reads, whatever stream those were on.
 //! - All ranges of a call come from CUDA pools, or all from host pools; mixing is an error.
@@ -206,31 +204,14 @@ fn prefetch_grouped(items: &[(ManagedRange<'_>, Location)], stream: &Stream, dis
     if !cuda || batch.ptrs.is_empty() {
         return Ok(total);
     }
-    // Allocations of one managed pool often lie back to back: prefetching them as one range
-    // costs far less than range by range (the driver migrates per range). Discards stay exact.
-    let one_pool =
-        ranges.iter().all(|r| r.pool.kind == PoolKind::ManagedPool && std::ptr::eq(r.pool, ranges[0].pool));
-    let mut joined = if one_pool && !discard { join_adjacent(&batch) } else { None };
     let raw_stream = stream.cuda_raw()?;
     UseTracker::use_on(stream, &trackers(&ranges), || {
-        if let Some(joined) = joined.as_mut() {
-            // SAFETY: each joined range covers only live allocations of this call (their
-            // spans meet exactly), whose trackers record this batch.
-            match unsafe { enqueue_prefetch(joined, false, raw_stream) } {
-                // A driver that will not take a range across allocations: range by range.
-                Err(Error::Cuda { code: INVALID_VALUE, .. }) => {}
-                other => return other,
-            }
-        }
         // SAFETY: every range is inside a live allocation whose tracker records this batch,
         // so it is not freed before the stream has run it.
         unsafe { enqueue_prefetch(&mut batch, discard, raw_stream) }
     })?;
     Ok(total)
 }
-
-/// `cudaErrorInvalidValue`.
-const INVALID_VALUE: i32 = 1;
 
 /// Queues `batch`: one `cudaMemPrefetchAsync` for a single range, else the batched call.
 ///
@@ -250,37 +231,6 @@ unsafe fn enqueue_prefetch(
             raw::prefetch_batch_async(batch, discard, stream)
         }
     }
-}
-
-/// `batch` with the ranges of each location group that meet end to start joined into one;
-/// `None` when none meet.
-fn join_adjacent(batch: &Batch) -> Option<Batch> {
-    let mut out =
-        Batch { ptrs: Vec::new(), sizes: Vec::new(), locations: batch.locations.clone(), starts: Vec::new() };
-    for g in 0..batch.starts.len() {
-        let end = batch.starts.get(g + 1).copied().unwrap_or(batch.ptrs.len());
-        let mut spans: Vec<(usize, usize)> =
-            (batch.starts[g]..end).map(|k| (batch.ptrs[k] as usize, batch.sizes[k])).collect();
-        spans.sort_unstable();
-        out.starts.push(out.ptrs.len());
-        let mut current: Option<(usize, usize)> = None;
-        for (p, n) in spans {
-            current = match current {
-                Some((cp, cn)) if cp + cn == p => Some((cp, cn + n)),
-                Some((cp, cn)) => {
-                    out.ptrs.push(cp as *mut c_void);
-                    out.sizes.push(cn);
-                    Some((p, n))
-                }
-                None => Some((p, n)),
-            };
-        }
-        if let Some((cp, cn)) = current {
-            out.ptrs.push(cp as *mut c_void);
-            out.sizes.push(cn);
-        }
-    }
-    (out.ptrs.len() < batch.ptrs.len()).then_some(out)
 }
 
 /// Discards every range in one batched call; returns the bytes.
@@ -346,41 +296,5 @@ pub(crate) fn advice_refused(err: Error, managed_pool_memory: bool) -> Error {
              ManagedPoolOptions { use_malloc_managed: true } for memory that takes advice",
         ),
         other => other,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn batch(groups: &[&[(usize, usize)]]) -> Batch {
-        let mut b = Batch { ptrs: Vec::new(), sizes: Vec::new(), locations: Vec::new(), starts: Vec::new() };
-        for g in groups {
-            b.starts.push(b.ptrs.len());
-            b.locations
-                .push(crate::sys::cuferry_location { type_: crate::sys::CUFERRY_LOCATION_HOST, id: 0 });
-            for &(p, n) in g.iter() {
-                b.ptrs.push(p as *mut c_void);
-                b.sizes.push(n);
-            }
-        }
-        b
-    }
-
-    fn spans(b: &Batch) -> Vec<(usize, usize)> {
-        b.ptrs.iter().zip(&b.sizes).map(|(p, n)| (*p as usize, *n)).collect()
-    }
-
-    #[test]
-    fn join_adjacent_joins_only_ranges_that_meet_within_a_group() {
-        // Group 0: 0x3000..0x4000 meets 0x2000..0x3000 (given out of order); 0x5000 is apart.
-        // Group 1: one range that meets group 0's last, but groups never join.
-        let b = batch(&[&[(0x3000, 0x1000), (0x2000, 0x1000), (0x5000, 0x10)], &[(0x5010, 0x10)]]);
-        let j = join_adjacent(&b).expect("two ranges meet");
-        assert_eq!(spans(&j), vec![(0x2000, 0x2000), (0x5000, 0x10), (0x5010, 0x10)]);
-        assert_eq!(j.starts, vec![0, 2]);
-        assert_eq!(j.locations.len(), 2);
-        // Nothing meets: no joined batch.
-        assert!(join_adjacent(&batch(&[&[(0x1000, 0x10), (0x2000, 0x10)]])).is_none());
     }
 }

@@ -8,15 +8,18 @@
 //!   [`Error::Unsupported`] naming `managedMemory`.
 //! - On the host backend the pool hands out ordinary page-aligned host memory.
 //! - The pool is `Send + Sync`; buffers keep it alive, so it may be dropped before them.
-//! - Dropping the last handle and buffer of a CUDA managed pool waits for the device
-//!   (`cudaDeviceSynchronize`) before destroying it: see `PoolInner`'s `Drop`.
+//! - CUDA managed pools are never destroyed: the H100's driver 580.159 crashed (SIGSEGV in
+//!   `cuMemPoolDestroy`) destroying one while other threads used the device, with or without
+//!   frees queued. When the last handle and buffer of a pool go, cuferry waits for the device
+//!   (`cudaDeviceSynchronize`: the last frees have run), trims the pool to nothing, resets its
+//!   high-water marks and keeps it; a later pool with the same device and options takes it.
 //! - Statistics: reserved and used bytes, current and high-water (driver counters for CUDA
 //!   pools; cuferry's own counters for the fallback and the host).
 
 use std::alloc::{self, Layout};
 use std::os::raw::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use crate::cuda::managed::{self as raw, RawPool};
 use crate::cuda::memory as raw_memory;
@@ -123,6 +126,7 @@ pub(crate) struct PoolInner {
     pub(crate) kind: PoolKind,
     pub(crate) caps: ManagedCapabilities,
     raw: Option<RawPool>,
+    key: PoolKey,
     used: AtomicU64,
     used_high: AtomicU64,
 }
@@ -221,23 +225,37 @@ fn host_layout(bytes: usize) -> Result<Layout> {
     Layout::from_size_align(bytes, HOST_ALIGN).map_err(|e| Error::invalid(format!("{bytes} bytes: {e}")))
 }
 
+/// The device and options a CUDA managed pool was made with: pools are recycled by it.
+type PoolKey = (u32, bool, usize, u64);
+
+/// Idle CUDA managed pools, ready for a new owner with the same key.
+fn idle_pools() -> MutexGuard<'static, Vec<(PoolKey, RawPool)>> {
+    static IDLE: OnceLock<Mutex<Vec<(PoolKey, RawPool)>>> = OnceLock::new();
+    IDLE.get_or_init(Mutex::default).lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// An idle pool for `key`, or a new one.
+fn take_or_create_pool(key: PoolKey) -> Result<RawPool> {
+    let mut idle = idle_pools();
+    if let Some(at) = idle.iter().position(|(k, _)| *k == key) {
+        return Ok(idle.swap_remove(at).1);
+    }
+    drop(idle);
+    let (device, prefer_device, max_size, release_threshold) = key;
+    raw::managed_pool_create(device, prefer_device, max_size, release_threshold)
+}
+
 impl Drop for PoolInner {
     fn drop(&mut self) {
-        if let Some(pool) = self.raw.take() {
-            // The last buffers' frees may still be queued on streams. CUDA documents that a
-            // pool destroyed then is released once they ran, but the H100's driver 580.159
-            // crashed (SIGSEGV in cuMemPoolDestroy) destroying a managed pool with frees
-            // queued while other threads used the device: wait for the device first. Pools
-            // are long-lived; this wait is paid once per pool.
-            if let Device::Cuda(i) = self.device {
-                if let Err(e) = crate::cuda::device::synchronize(i) {
-                    record_drop_error(e);
-                }
-            }
-            // SAFETY: the last buffer is gone and its free has run.
-            if let Err(e) = unsafe { raw::pool_destroy(pool) } {
-                record_drop_error(e);
-            }
+        let (Some(pool), Device::Cuda(i)) = (self.raw.take(), self.device) else { return };
+        // The last buffers' frees may still be queued: let them run, then recycle the pool
+        // (see the module rules). A pool that cannot be readied is left alone, never reused.
+        let readied = crate::cuda::device::synchronize(i)
+            // SAFETY: the last buffer is gone and every queued free has run.
+            .and_then(|()| unsafe { raw::pool_recycle(pool) });
+        match readied {
+            Ok(()) => idle_pools().push((self.key, pool)),
+            Err(e) => record_drop_error(e),
         }
     }
 }
@@ -273,21 +291,21 @@ impl ManagedPool {
     /// errors of probing the device or creating the pool.
     pub fn new(device: Device, options: ManagedPoolOptions) -> Result<Self> {
         let caps = ManagedCapabilities::probe(device)?;
+        let ordinal = match device {
+            Device::Cuda(i) => i,
+            Device::Host => 0,
+        };
+        let key = (ordinal, options.prefer_device, options.max_size, options.release_threshold);
         let (kind, raw) = match device {
             Device::Host => (PoolKind::Host, None),
-            Device::Cuda(i) => {
+            Device::Cuda(_) => {
                 if !caps.managed_memory {
                     return Err(Error::unsupported(format!("{device} lacks managedMemory")));
                 }
                 if !caps.memory_pools_supported || options.use_malloc_managed {
                     (PoolKind::MallocManaged, None)
                 } else {
-                    match raw::managed_pool_create(
-                        i,
-                        options.prefer_device,
-                        options.max_size,
-                        options.release_threshold,
-                    ) {
+                    match take_or_create_pool(key) {
                         Ok(pool) => (PoolKind::ManagedPool, Some(pool)),
                         Err(Error::Cuda { code: NOT_SUPPORTED | INVALID_VALUE, .. }) => {
                             (PoolKind::MallocManaged, None)
@@ -303,6 +321,7 @@ impl ManagedPool {
                 kind,
                 caps,
                 raw,
+                key,
                 used: AtomicU64::new(0),
                 used_high: AtomicU64::new(0),
             }),

@@ -364,6 +364,10 @@ unsafe extern "C" {
     pub fn cuferry_cuda_mem_pool_destroy(pool: cuferry_mem_pool) -> cuferry_status;
 }
 unsafe extern "C" {
+    #[doc = " Readies an idle pool (no allocation live, no free queued) for a new owner:\n  cudaMemPoolTrimTo(0), and the reserved and used high-water marks reset to 0."]
+    pub fn cuferry_cuda_mem_pool_recycle(pool: cuferry_mem_pool) -> cuferry_status;
+}
+unsafe extern "C" {
     #[doc = " cudaMallocFromPoolAsync; `bytes` = 0 is CUFERRY_STATUS_NULL_ARGUMENT's sibling: rejected\n  with cudaErrorInvalidValue by CUDA, so callers check first."]
     pub fn cuferry_cuda_mem_pool_alloc_async(
         pool: cuferry_mem_pool,
