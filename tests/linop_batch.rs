@@ -1,6 +1,7 @@
 //! Splitting and batching: `split_linop` tile rules, `create_batched_linop(A, specs)(x) ==
 //! A(x)` for random operator graphs, random batch sizes (dividing or not), device matrices of
-//! host "devices" (each spec with its own streams), nested specs; the dot test on batched
+//! host "devices" (each spec with its own streams) and, with a GPU, of CUDA specs mixed with a
+//! host one; nested specs; the dot test on batched
 //! operators; and the errors for bad batch sizes and device matrices.
 
 #[path = "linop_common/mod.rs"]
@@ -100,12 +101,17 @@ fn random_matrix(rng: &mut Rng, grid_axes: usize, pool: &[DeviceSpec]) -> Option
     Some(DeviceMatrix::from_specs(pool[..n].to_vec()).unwrap())
 }
 
-/// `create_batched_linop(A, specs)(x) == A(x)` for a random graph and random specs; the
-/// batched operator's adjoint matches too and passes the dot test.
+/// `create_batched_linop(A, specs)(x) == A(x)` for a random graph and random specs over host
+/// "devices"; the batched operator's adjoint matches too and passes the dot test.
 fn batched_equals_unsplit<T: Field>(seed: u64) {
+    batched_equals_unsplit_over::<T>(seed, &|rng| (0..3).map(|_| host_device(rng)).collect());
+}
+
+/// As [`batched_equals_unsplit`], with the device matrices drawn from `pool`'s specs.
+fn batched_equals_unsplit_over<T: Field>(seed: u64, pool: &dyn Fn(&mut Rng) -> Vec<DeviceSpec>) {
     let mut rng = Rng::new(seed);
     let base = host();
-    let pool: Vec<DeviceSpec> = (0..3).map(|_| host_device(&mut rng)).collect();
+    let pool = pool(&mut rng);
     let s = Sizes { b: 1 + rng.below(6), i: 1 + rng.below(7), o: 1 + rng.below(7), m: 1 + rng.below(5) };
     let op = random_graph::<T>(&mut rng, &base, &s, 2);
     let mut specs = Vec::new();
@@ -156,6 +162,24 @@ fn batched_equals_unsplit_f64() {
 fn batched_equals_unsplit_complex() {
     for seed in 100..140 {
         batched_equals_unsplit::<C64>(seed);
+    }
+}
+
+/// Tiles on CUDA: device matrices mix two specs of the first GPU (each with its own compute
+/// and transfer streams, so tiles overlap) with a host "device"; the input and output stay on
+/// the host, so every CUDA tile goes through ToDevice both ways.
+#[test]
+fn batched_equals_unsplit_with_cuda_tiles() {
+    let Some(gpu) = util::cuda_device() else { return };
+    let cuda_spec = |_: &mut Rng| {
+        DeviceSpec::with_streams(gpu, Stream::new(gpu).unwrap(), Some(Stream::new(gpu).unwrap())).unwrap()
+    };
+    let pool = |rng: &mut Rng| vec![cuda_spec(rng), cuda_spec(rng), host_device(rng)];
+    for seed in 200..220 {
+        batched_equals_unsplit_over::<f64>(seed, &pool);
+    }
+    for seed in 300..310 {
+        batched_equals_unsplit_over::<C64>(seed, &pool);
     }
 }
 
