@@ -5,7 +5,10 @@
 //! - Ranges of one allocation are merged (overlaps and neighbours), so an allocation shared by
 //!   several views is counted, and moved, once. Each call returns the bytes it touched.
 //! - Prefetches are grouped by location into one `cudaMemPrefetchBatchAsync`; a set that merges
-//!   into a single range uses `cudaMemPrefetchAsync`.
+//!   into a single range uses `cudaMemPrefetchAsync`. Sets of 8 ranges or more (not discards)
+//!   are instead spread over 4 helper streams of the device, one `cudaMemPrefetchAsync` each,
+//!   after the caller's stream and before its next work (events both ways): the driver migrates
+//!   the streams' ranges in parallel, 2.7x faster than one batched call on an H100.
 //! - Queued operations are ordered with every range's buffer (use tracking), so a prefetch runs
 //!   after earlier writes and before later reads, whatever stream those were on.
 //! - All ranges of a call come from CUDA pools, or all from host pools; mixing is an error.
@@ -15,13 +18,16 @@
 //!   is [`Error::Unsupported`] saying so; `cudaMallocManaged` memory
 //!   ([`ManagedPoolOptions::use_malloc_managed`](super::ManagedPoolOptions)) takes advice.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::os::raw::c_void;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use super::location::{Advice, Location};
 use super::pool::{PoolInner, PoolKind, NOT_SUPPORTED};
 use crate::cuda::managed::{self as raw, Batch};
+use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::event::Event;
 use crate::memory::tracker::UseTracker;
 use crate::stream::Stream;
 
@@ -205,12 +211,93 @@ fn prefetch_grouped(items: &[(ManagedRange<'_>, Location)], stream: &Stream, dis
         return Ok(total);
     }
     let raw_stream = stream.cuda_raw()?;
+    let fan_out = !discard && batch.ptrs.len() >= FAN_OUT_MIN_RANGES;
     UseTracker::use_on(stream, &trackers(&ranges), || {
+        if fan_out {
+            // SAFETY: as below; the caller's stream waits for every helper stream's part.
+            return unsafe { fan_out_prefetch(&batch, stream) };
+        }
         // SAFETY: every range is inside a live allocation whose tracker records this batch,
         // so it is not freed before the stream has run it.
         unsafe { enqueue_prefetch(&mut batch, discard, raw_stream) }
     })?;
     Ok(total)
+}
+
+/// Sets of at least this many ranges are prefetched over [`HELPER_STREAMS`] streams.
+const FAN_OUT_MIN_RANGES: usize = 8;
+
+/// Helper streams per device for fanned-out prefetches. On an H100 (driver 580.159),
+/// 1024 x 1 MiB to the device took 94 ms as a loop of `cudaMemPrefetchAsync` on one stream,
+/// 78 ms as one `cudaMemPrefetchBatchAsync` (also 70-83 ms split over 2-8 streams), and
+/// 28-29 ms as a loop spread over 4 or 8 streams: the driver migrates the ranges of different
+/// streams in parallel.
+const HELPER_STREAMS: usize = 4;
+
+/// The helper streams of `stream`'s device (made on first use, kept for the process).
+fn helper_streams(stream: &Stream) -> Result<Arc<Vec<Stream>>> {
+    static HELPERS: OnceLock<Mutex<HashMap<Device, Arc<Vec<Stream>>>>> = OnceLock::new();
+    let device = stream.device();
+    let mut helpers = HELPERS.get_or_init(Mutex::default).lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(h) = helpers.get(&device) {
+        return Ok(Arc::clone(h));
+    }
+    let made = Arc::new((0..HELPER_STREAMS).map(|_| Stream::new(device)).collect::<Result<Vec<_>>>()?);
+    helpers.insert(device, Arc::clone(&made));
+    Ok(made)
+}
+
+/// Queues `batch`'s prefetches round-robin on the helper streams, each after the work queued
+/// so far on `stream`, and makes `stream` wait for all of them.
+///
+/// # Safety
+///
+/// 1. Every range is managed memory that stays allocated until `stream` has run past this call.
+unsafe fn fan_out_prefetch(batch: &Batch, stream: &Stream) -> Result<()> {
+    let helpers = helper_streams(stream)?;
+    let device = stream.device();
+    let start = Event::new(device)?;
+    start.record(stream)?;
+    let mut raw_helpers = Vec::with_capacity(helpers.len());
+    for h in helpers.iter() {
+        h.wait_event(&start)?;
+        raw_helpers.push(h.cuda_raw()?);
+    }
+    let mut result = Ok(());
+    for g in 0..batch.starts.len() {
+        let end = batch.starts.get(g + 1).copied().unwrap_or(batch.ptrs.len());
+        for k in batch.starts[g]..end {
+            // SAFETY: precondition 1; `stream` waits below for the helper stream's work.
+            result = unsafe {
+                raw::prefetch_async(
+                    batch.ptrs[k],
+                    batch.sizes[k],
+                    batch.locations[g],
+                    raw_helpers[k % raw_helpers.len()],
+                )
+            };
+            if result.is_err() {
+                break;
+            }
+        }
+        if result.is_err() {
+            break;
+        }
+    }
+    // Whatever was queued, `stream` is ordered after it, so the memory outlives it.
+    let ordered = helpers.iter().try_for_each(|h| {
+        let done = Event::new(device)?;
+        done.record(h)?;
+        stream.wait_event(&done)
+    });
+    if ordered.is_err() || result.is_err() {
+        // Part of the set may be queued but the caller's use will not be recorded (the
+        // tracker's rule for failed operations): wait for it here so nothing is freed under it.
+        for h in helpers.iter() {
+            let _ = h.synchronize();
+        }
+    }
+    result.and(ordered)
 }
 
 /// Queues `batch`: one `cudaMemPrefetchAsync` for a single range, else the batched call.
