@@ -90,7 +90,6 @@ cuferry_status cuferry_cuda_managed_pool_create(int32_t device, int32_t prefer_d
                                                 uint64_t release_threshold, cuferry_mem_pool *pool) {
   (void)device; (void)prefer_device; (void)max_size; (void)release_threshold; (void)pool; NB;
 }
-cuferry_status cuferry_cuda_mem_pool_destroy(cuferry_mem_pool pool) { (void)pool; NB; }
 cuferry_status cuferry_cuda_mem_pool_recycle(cuferry_mem_pool pool) { (void)pool; NB; }
 cuferry_status cuferry_cuda_mem_pool_alloc_async(cuferry_mem_pool pool, size_t bytes,
                                                  cuferry_stream stream, void **ptr) {

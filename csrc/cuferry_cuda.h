@@ -219,8 +219,8 @@ typedef struct cuferry_pool_stats {
  *  0 leaves the driver's default; `release_threshold` is cudaMemPoolAttrReleaseThreshold. */
 cuferry_status cuferry_cuda_managed_pool_create(int32_t device, int32_t prefer_device, size_t max_size,
                                                 uint64_t release_threshold, cuferry_mem_pool *pool);
-cuferry_status cuferry_cuda_mem_pool_destroy(cuferry_mem_pool pool);
-/** Readies an idle pool (no allocation live, no free queued) for a new owner:
+/** Pools are never destroyed (a driver crashed in cudaMemPoolDestroy under load; see
+ *  src/managed/pool.rs). Readies an idle pool (no allocation live, no free queued) for a new owner:
  *  cudaMemPoolTrimTo(0), and the reserved and used high-water marks reset to 0. */
 cuferry_status cuferry_cuda_mem_pool_recycle(cuferry_mem_pool pool);
 /** cudaMallocFromPoolAsync; `bytes` = 0 is CUFERRY_STATUS_NULL_ARGUMENT's sibling: rejected

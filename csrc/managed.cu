@@ -39,11 +39,6 @@ cuferry_status cuferry_cuda_managed_pool_create(int32_t device, int32_t prefer_d
   return CUFERRY_STATUS_SUCCESS;
 }
 
-cuferry_status cuferry_cuda_mem_pool_destroy(cuferry_mem_pool pool) {
-  CF_REQUIRE(pool);
-  return cf_check(cudaMemPoolDestroy(cf_pool(pool)));
-}
-
 cuferry_status cuferry_cuda_mem_pool_recycle(cuferry_mem_pool pool) {
   CF_REQUIRE(pool);
   const cudaMemPool_t p = cf_pool(pool);

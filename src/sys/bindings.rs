@@ -361,10 +361,7 @@ unsafe extern "C" {
     ) -> cuferry_status;
 }
 unsafe extern "C" {
-    pub fn cuferry_cuda_mem_pool_destroy(pool: cuferry_mem_pool) -> cuferry_status;
-}
-unsafe extern "C" {
-    #[doc = " Readies an idle pool (no allocation live, no free queued) for a new owner:\n  cudaMemPoolTrimTo(0), and the reserved and used high-water marks reset to 0."]
+    #[doc = " Pools are never destroyed (a driver crashed in cudaMemPoolDestroy under load; see\n  src/managed/pool.rs). Readies an idle pool (no allocation live, no free queued) for a new owner:\n  cudaMemPoolTrimTo(0), and the reserved and used high-water marks reset to 0."]
     pub fn cuferry_cuda_mem_pool_recycle(pool: cuferry_mem_pool) -> cuferry_status;
 }
 unsafe extern "C" {
