@@ -327,7 +327,9 @@ cuferry_status cuferry_cuda_linop_contract(int32_t dtype, const cuferry_linop_co
  *     CUFERRY_HALO_UNPACK copies packed -> array (never negates).
  *  3. Work is numbered in access units of `unit_elems` elements (16-byte accesses where rows
  *     are contiguous and aligned): descriptor d covers units [unit_first, unit_first + units),
- *     descriptors in table order, without gaps, each with units > 0.
+ *     descriptors in table order, without gaps, each with units > 0. The packed side is
+ *     row-major and contiguous: unit l of a descriptor is at byte packed_offset + l * unit
+ *     bytes (packed_stride says so too, and the kernel relies on it).
  *  4. Launch errors are reported (cudaGetLastError after the launch); faults inside the kernel
  *     surface at the next synchronising call, as CUDA defines.
  */
@@ -381,15 +383,31 @@ typedef struct cuferry_halo_desc {
   int32_t unit_elems;
   /** Access units per innermost row: extent[ndim - 1] / unit_elems. */
   int32_t row_units;
+  /** Division by each dim's extent in units (extent[k]; row_units for the innermost), for
+   *  every n < 2^31: n / e == (div_mul[k] == 0 ? n : umulhi(n, div_mul[k]) >> div_shr[k]).
+   *  e == 1: div_mul = 0. e >= 2, with l = ceil(log2 e): div_mul = ceil(2^(31 + l) / e),
+   *  div_shr = l - 1. */
+  uint32_t div_mul[CUFERRY_HALO_MAX_DIMS];
+  uint32_t div_shr[CUFERRY_HALO_MAX_DIMS];
 } cuferry_halo_desc;
 
 /** Runs every descriptor of `table` (device memory, `n_desc` entries covering `total_units`
  *  units) in ONE kernel launch on `stream` of `device`. `packed` is the packed buffer's device
  *  address; `direction` is CUFERRY_HALO_PACK or CUFERRY_HALO_UNPACK. total_units = 0 launches
- *  nothing. */
+ *  nothing. The environment variable CUFERRY_HALO_IN_FLIGHT (1, 2 or 4; read once; default 2)
+ *  sets how many loads each thread keeps in flight, a tuning knob for benchmarks. */
 cuferry_status cuferry_cuda_halo_launch(int32_t device, const cuferry_halo_desc *table, int32_t n_desc,
                                    int64_t total_units, void *packed, int32_t direction,
                                    cuferry_stream stream);
+
+/** Runs the kernel's per-thread program for every block and thread of the launch, one after
+ *  the other, on the calling CPU thread: the same code as the launch, over host memory (table,
+ *  arrays and `packed` are host addresses), with `in_flight` (1, 2 or 4) loads per thread in
+ *  flight. For tests of the kernel's index arithmetic on machines without a GPU; not a fast
+ *  path. Other arguments as for cuferry_cuda_halo_launch. */
+cuferry_status cuferry_cuda_halo_emulate(const cuferry_halo_desc *table, int32_t n_desc,
+                                         int64_t total_units, void *packed, int32_t direction,
+                                         int32_t in_flight);
 
 /** The seed's strategy, kept as a benchmark baseline: one launch gathering `n` elements
  *  `dst[i] = src[indices[i]]` (negated when `negate`, per `elem_kind`), with `indices` a flat

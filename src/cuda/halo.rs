@@ -92,3 +92,33 @@ pub(crate) unsafe fn seed_pack_launch(
         )
     })
 }
+
+/// `cuferry_cuda_halo_emulate`: runs the kernel's per-thread program for every block and
+/// thread on the calling CPU thread, over host memory, with `in_flight` (1, 2 or 4) loads per
+/// thread in flight (tests of the kernel's arithmetic).
+///
+/// # Safety
+///
+/// 1. `table` describes host memory: every array address it names, and `packed` plus every
+///    slot, is a live host allocation that nothing else touches during the call.
+#[cfg(test)]
+pub(crate) unsafe fn emulate(
+    table: &[sys::cuferry_halo_desc],
+    total_units: u64,
+    packed: *mut c_void,
+    direction: HaloDirection,
+    in_flight: i32,
+) -> Result<()> {
+    let n = i32::try_from(table.len())
+        .map_err(|_| Error::invalid(format!("{} halo descriptors are too many", table.len())))?;
+    let units = i64::try_from(total_units)
+        .map_err(|_| Error::invalid(format!("{total_units} halo units are too many")))?;
+    let dir = match direction {
+        HaloDirection::Pack => sys::CUFERRY_HALO_PACK,
+        HaloDirection::Unpack => sys::CUFERRY_HALO_UNPACK,
+    };
+    // SAFETY: the table is a live slice of `n` descriptors; precondition 1 covers the rest.
+    check("cuferry_cuda_halo_emulate", unsafe {
+        sys::cuferry_cuda_halo_emulate(table.as_ptr(), n, units, packed, dir, in_flight)
+    })
+}

@@ -10,7 +10,8 @@
 //!   length, every outer stride and both start addresses allow it; everything else element by
 //!   element (atoms of 1 to 8 bytes).
 //! - Limits checked here, before anything is queued: extents and units per transfer fit the
-//!   kernel's 31-bit indices.
+//!   kernel's 31-bit indices. Each descriptor carries the multiply-shift constants of its
+//!   extents ([`divisor`]), so the kernel divides without a division instruction.
 
 use std::os::raw::c_void;
 
@@ -32,6 +33,7 @@ const _: () = assert!(
             + 2 * 8 * sys::CUFERRY_HALO_MAX_DIMS as usize
             + 4 * sys::CUFERRY_HALO_MAX_DIMS as usize
             + 6 * 4
+            + 2 * 4 * sys::CUFERRY_HALO_MAX_DIMS as usize
 );
 
 /// Widest access unit in bytes.
@@ -150,6 +152,32 @@ fn unit_elems(t: &Transfer, array_first: usize, packed_first: usize) -> usize {
     w
 }
 
+/// The kernel's multiply-shift division by `e` (the header's `div_mul`, `div_shr`): for every
+/// `n < 2^31`, `n / e == if mul == 0 { n } else { (n * mul) >> 32 >> shr }`.
+fn divisor(e: u32) -> (u32, u32) {
+    if e <= 1 {
+        return (0, 0);
+    }
+    let l = 32 - (e - 1).leading_zeros(); // ceil(log2 e), 1..=32
+    let p = 31 + l;
+    // ceil(2^p / e) < 2^32 because e > 2^(l - 1).
+    let mul = (1u64 << p).div_ceil(u64::from(e));
+    (mul as u32, l - 1)
+}
+
+/// Whether the packed side of a transfer is row-major and contiguous (the kernel computes
+/// packed addresses from the unit number alone).
+fn packed_row_major(t: &Transfer) -> bool {
+    let mut expect = 1isize;
+    for d in (0..t.extent.len()).rev() {
+        if t.packed_strides[d] != expect {
+            return false;
+        }
+        expect *= t.extent[d] as isize;
+    }
+    true
+}
+
 fn too_large(what: &str) -> Error {
     Error::invalid(format!("a halo region is too large for the CUDA kernel ({what} above 2^31 - 1)"))
 }
@@ -169,6 +197,9 @@ fn build(
             return Err(Error::invalid(format!(
                 "a halo transfer has {nd} dims, the kernel at most {max_dims}"
             )));
+        }
+        if !packed_row_major(t) {
+            return Err(Error::invalid("internal: a halo slot is not row-major (the kernel needs it)"));
         }
         let array_first = base as usize + t.array_offset * t.atom;
         let packed_first = packed as usize + t.packed_offset;
@@ -190,14 +221,230 @@ fn build(
             negate: i32::from(t.negate),
             unit_elems: w as i32,
             row_units,
+            div_mul: [0; sys::CUFERRY_HALO_MAX_DIMS as usize],
+            div_shr: [0; sys::CUFERRY_HALO_MAX_DIMS as usize],
         };
         for d in 0..nd {
             desc.array_stride[d] = t.array_strides[d] as i64;
             desc.packed_stride[d] = t.packed_strides[d] as i64;
             desc.extent[d] = i32::try_from(t.extent[d]).map_err(|_| too_large("an extent"))?;
+            let units_along = if d == nd - 1 { row_units } else { desc.extent[d] };
+            (desc.div_mul[d], desc.div_shr[d]) = divisor(units_along as u32);
         }
         next_unit += units as u64;
         table.push(desc);
     }
     Ok((table, next_unit))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::halo::cpu::Direction;
+    use crate::halo::plan::{Component, Plan};
+    use crate::halo::reference::{random_layout, reference, Rng};
+    use crate::halo::spec::{ElementType, HaloExchange, HaloSpec, HorizontalDims};
+
+    #[test]
+    fn multiply_shift_division_matches_division() {
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        let mut divisors: Vec<u32> = (1..=4096).collect();
+        for b in 1..31 {
+            let p = 1u32 << b;
+            divisors.extend([p - 1, p, p + 1]);
+        }
+        divisors.push(i32::MAX as u32);
+        divisors.extend((0..2000).map(|_| 1 + (rng.next() % i32::MAX as u64) as u32));
+        let top = i32::MAX as u32;
+        for &e in &divisors {
+            let (mul, shr) = divisor(e);
+            let div =
+                |n: u32| if mul == 0 { n } else { ((u64::from(n) * u64::from(mul)) >> 32) as u32 >> shr };
+            let q_max = top / e;
+            let mut ns = vec![0, 1, e - 1, e, e.saturating_add(1).min(top), top, top - 1];
+            for q in [1, 2, 3, q_max / 2, q_max.saturating_sub(1), q_max] {
+                let m = q.saturating_mul(e);
+                ns.extend([m.saturating_sub(1), m, m.saturating_add(1)]);
+            }
+            ns.extend((0..16).map(|_| (rng.next() % (u64::from(top) + 1)) as u32));
+            for n in ns.into_iter().filter(|&n| n <= top) {
+                assert_eq!(div(n), n / e, "{n} / {e} (mul {mul}, shr {shr})");
+            }
+        }
+    }
+
+    /// Host memory aligned to 16 bytes, viewed from a byte shift.
+    struct Block {
+        words: Vec<u128>,
+        shift: usize,
+        len: usize,
+    }
+
+    impl Block {
+        fn random(rng: &mut Rng, len: usize, shift: usize) -> Block {
+            let mut b = Block { words: vec![0; (len + shift).div_ceil(16) + 1], shift, len };
+            b.bytes_mut().iter_mut().for_each(|x| *x = rng.next() as u8);
+            b
+        }
+
+        fn bytes(&self) -> &[u8] {
+            // SAFETY: the words hold at least shift + len bytes, all initialised.
+            let all = unsafe {
+                std::slice::from_raw_parts(self.words.as_ptr().cast::<u8>(), self.words.len() * 16)
+            };
+            &all[self.shift..self.shift + self.len]
+        }
+
+        fn bytes_mut(&mut self) -> &mut [u8] {
+            // SAFETY: as in `bytes`, borrowed mutably.
+            let all = unsafe {
+                std::slice::from_raw_parts_mut(self.words.as_mut_ptr().cast::<u8>(), self.words.len() * 16)
+            };
+            &mut all[self.shift..self.shift + self.len]
+        }
+
+        fn ptr(&mut self) -> *mut u8 {
+            self.bytes_mut().as_mut_ptr()
+        }
+    }
+
+    /// What the emulated runs of one exchange set exercised.
+    #[derive(Default)]
+    struct Seen {
+        descs: usize,
+        many_dims: usize,
+        wide: usize,
+        wide_negated: usize,
+        most_units: i64,
+    }
+
+    /// Packs and unpacks the exchange set `xs` (with `xs` as the y exchanges too when
+    /// `vector`) by the kernel's program on the CPU, for 1, 2 and 4 loads in flight, arrays and
+    /// packed buffer at random atom-multiple shifts from a 16-byte boundary: every byte must
+    /// equal the scalar reference, untouched bytes included.
+    fn check_against_reference(
+        rng: &mut Rng,
+        xs: &[HaloExchange],
+        vector: bool,
+        what: &str,
+        seen: &mut Seen,
+    ) {
+        let ys = xs.to_vec();
+        let plan = Plan::new(xs, vector.then_some(&ys[..])).unwrap();
+        let atom = plan.pack.first().map_or(1, |t| t.atom);
+        let shift = |rng: &mut Rng| atom * rng.below(16 / atom);
+        // One array per (quantity, component).
+        let key = |c: Component, q: usize| q * 2 + usize::from(c == Component::Y);
+        for direction in [Direction::Pack, Direction::Unpack] {
+            let transfers = match direction {
+                Direction::Pack => &plan.pack,
+                Direction::Unpack => &plan.unpack,
+            };
+            if transfers.is_empty() {
+                continue;
+            }
+            let mut arrays = Vec::new();
+            for i in 0..xs.len() * 2 {
+                let s = shift(rng);
+                arrays.push(Block::random(rng, xs[i / 2].spec().required_bytes(), s));
+            }
+            let s = shift(rng);
+            let mut packed = Block::random(rng, plan.bytes, s);
+            let (arrays0, packed0): (Vec<Vec<u8>>, Vec<u8>) =
+                (arrays.iter().map(|a| a.bytes().to_vec()).collect(), packed.bytes().to_vec());
+            let (mut want_arrays, mut want_packed) = (arrays0.clone(), packed0.clone());
+            for t in transfers {
+                let a = key(t.array.component, t.array.quantity);
+                match direction {
+                    Direction::Pack => reference(t, direction, &arrays0[a], &mut want_packed),
+                    Direction::Unpack => reference(t, direction, &packed0, &mut want_arrays[a]),
+                }
+            }
+            let bases: Vec<*mut u8> =
+                transfers.iter().map(|t| arrays[key(t.array.component, t.array.quantity)].ptr()).collect();
+            let (table, total) = build(transfers, &bases, packed.ptr()).unwrap();
+            seen.descs += table.len();
+            seen.many_dims += table.iter().filter(|d| d.ndim > 3).count();
+            let wide = |d: &&sys::cuferry_halo_desc| d.unit_elems * d.elem_size == 16;
+            seen.wide += table.iter().filter(wide).count();
+            seen.wide_negated += table.iter().filter(wide).filter(|d| d.negate != 0).count();
+            seen.most_units = table.iter().map(|d| d.units).fold(seen.most_units, i64::max);
+            let dir = match direction {
+                Direction::Pack => HaloDirection::Pack,
+                Direction::Unpack => HaloDirection::Unpack,
+            };
+            for in_flight in [1, 2, 4] {
+                // Start each run from the initial bytes.
+                packed.bytes_mut().copy_from_slice(&packed0);
+                for (a, init) in arrays.iter_mut().zip(&arrays0) {
+                    a.bytes_mut().copy_from_slice(init);
+                }
+                // SAFETY: the table names the arrays and packed buffer above, host memory that
+                // lives through the call and holds every view (`build` checked the views
+                // against the plan, which checked them against the specs).
+                unsafe { raw::emulate(&table, total, packed.ptr().cast(), dir, in_flight) }.unwrap();
+                let what = format!("{what} {direction:?} in_flight {in_flight}");
+                assert!(packed.bytes() == &want_packed[..], "{what}: packed buffer differs");
+                for (i, a) in arrays.iter().enumerate() {
+                    assert!(a.bytes() == &want_arrays[i][..], "{what}: array {i} differs");
+                }
+            }
+        }
+    }
+
+    /// Random exchange sets: 1 to 4 quantities of one element type, 2 to 5 dims, scalar or
+    /// vector, every rotation (see [`check_against_reference`]).
+    #[test]
+    fn emulated_kernel_matches_the_reference() {
+        if !crate::cuda::is_built() {
+            println!("SKIP: built without nvcc (the kernel's program is in csrc/halo.cu)");
+            return;
+        }
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let mut seen = Seen::default();
+        for case in 0..300 {
+            let quantities = 1 + rng.below(4);
+            let layouts: Vec<_> = (0..quantities).map(|_| random_layout(&mut rng, case, 5)).collect();
+            let vector = layouts.iter().all(|l| l.vector);
+            let xs: Vec<HaloExchange> = layouts.iter().map(|l| l.ex.clone()).collect();
+            check_against_reference(&mut rng, &xs, vector, &format!("case {case}"), &mut seen);
+        }
+        println!(
+            "descriptors {}, of more than 3 dims {}, with 16-byte units {}",
+            seen.descs, seen.many_dims, seen.wide
+        );
+        assert!(seen.many_dims > 10 && seen.wide > 10, "both special paths are exercised");
+    }
+
+    /// Layouts random ones rarely give: 16-byte units that are negated (a vector's half turn
+    /// of a region whose only long dim is contiguous and not horizontal), and descriptors of
+    /// more than 2^17 units (the multiply-shift division at large quotients).
+    #[test]
+    fn emulated_kernel_negates_wide_units_and_runs_long_descriptors() {
+        if !crate::cuda::is_built() {
+            println!("SKIP: built without nvcc (the kernel's program is in csrc/halo.cu)");
+            return;
+        }
+        let mut rng = Rng(0x51_7cc1_b727_220a);
+        let mut seen = Seen::default();
+        for element in [ElementType::F32, ElementType::F64, ElementType::I32] {
+            // Dims (z, y, x) with z contiguous: a 1 x 1 horizontal region is a run along z.
+            let spec =
+                HaloSpec::new(element, &[64, 5, 6], &[1, 64 * 6, 64], HorizontalDims::xy(2, 1)).unwrap();
+            let ex = HaloExchange::new(&spec, &[0..64, 2..3, 3..4], 2, &[0..64, 0..1, 5..6]).unwrap();
+            check_against_reference(
+                &mut rng,
+                &[ex.clone(), ex],
+                true,
+                &format!("{element:?} half turn"),
+                &mut seen,
+            );
+        }
+        assert!(seen.wide_negated >= 3, "negated 16-byte units: {}", seen.wide_negated);
+        // 1-byte elements turned a quarter: 192 x 250 x 3 single-byte units.
+        let spec = HaloSpec::contiguous(ElementType::U8, &[192, 256, 256], HorizontalDims::xy(2, 1)).unwrap();
+        let ex = HaloExchange::new(&spec, &[0..192, 3..253, 3..6], 1, &[0..192, 0..3, 3..253]).unwrap();
+        check_against_reference(&mut rng, &[ex], false, "long quarter turn", &mut seen);
+        assert!(seen.most_units > 1 << 17, "a long descriptor: {} units", seen.most_units);
+    }
 }

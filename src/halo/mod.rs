@@ -60,6 +60,8 @@ mod gpu;
 mod packer;
 mod plan;
 mod pool;
+#[cfg(test)]
+mod reference;
 mod spec;
 
 pub use packer::HaloPacker;

@@ -585,10 +585,13 @@ pub struct cuferry_halo_desc {
     pub unit_elems: i32,
     #[doc = " Access units per innermost row: extent[ndim - 1] / unit_elems."]
     pub row_units: i32,
+    #[doc = " Division by each dim's extent in units (extent[k]; row_units for the innermost), for\n  every n < 2^31: n / e == (div_mul[k] == 0 ? n : umulhi(n, div_mul[k]) >> div_shr[k]).\n  e == 1: div_mul = 0. e >= 2, with l = ceil(log2 e): div_mul = ceil(2^(31 + l) / e),\n  div_shr = l - 1."]
+    pub div_mul: [u32; 8usize],
+    pub div_shr: [u32; 8usize],
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of cuferry_halo_desc"][::std::mem::size_of::<cuferry_halo_desc>() - 216usize];
+    ["Size of cuferry_halo_desc"][::std::mem::size_of::<cuferry_halo_desc>() - 280usize];
     ["Alignment of cuferry_halo_desc"][::std::mem::align_of::<cuferry_halo_desc>() - 8usize];
     ["Offset of field: cuferry_halo_desc::array"][::std::mem::offset_of!(cuferry_halo_desc, array) - 0usize];
     ["Offset of field: cuferry_halo_desc::packed_offset"]
@@ -613,9 +616,13 @@ const _: () = {
         [::std::mem::offset_of!(cuferry_halo_desc, unit_elems) - 208usize];
     ["Offset of field: cuferry_halo_desc::row_units"]
         [::std::mem::offset_of!(cuferry_halo_desc, row_units) - 212usize];
+    ["Offset of field: cuferry_halo_desc::div_mul"]
+        [::std::mem::offset_of!(cuferry_halo_desc, div_mul) - 216usize];
+    ["Offset of field: cuferry_halo_desc::div_shr"]
+        [::std::mem::offset_of!(cuferry_halo_desc, div_shr) - 248usize];
 };
 unsafe extern "C" {
-    #[doc = " Runs every descriptor of `table` (device memory, `n_desc` entries covering `total_units`\n  units) in ONE kernel launch on `stream` of `device`. `packed` is the packed buffer's device\n  address; `direction` is CUFERRY_HALO_PACK or CUFERRY_HALO_UNPACK. total_units = 0 launches\n  nothing."]
+    #[doc = " Runs every descriptor of `table` (device memory, `n_desc` entries covering `total_units`\n  units) in ONE kernel launch on `stream` of `device`. `packed` is the packed buffer's device\n  address; `direction` is CUFERRY_HALO_PACK or CUFERRY_HALO_UNPACK. total_units = 0 launches\n  nothing. The environment variable CUFERRY_HALO_IN_FLIGHT (1, 2 or 4; read once; default 2)\n  sets how many loads each thread keeps in flight, a tuning knob for benchmarks."]
     pub fn cuferry_cuda_halo_launch(
         device: i32,
         table: *const cuferry_halo_desc,
@@ -624,6 +631,17 @@ unsafe extern "C" {
         packed: *mut ::std::os::raw::c_void,
         direction: i32,
         stream: cuferry_stream,
+    ) -> cuferry_status;
+}
+unsafe extern "C" {
+    #[doc = " Runs the kernel's per-thread program for every block and thread of the launch, one after\n  the other, on the calling CPU thread: the same code as the launch, over host memory (table,\n  arrays and `packed` are host addresses), with `in_flight` (1, 2 or 4) loads per thread in\n  flight. For tests of the kernel's index arithmetic on machines without a GPU; not a fast\n  path. Other arguments as for cuferry_cuda_halo_launch."]
+    pub fn cuferry_cuda_halo_emulate(
+        table: *const cuferry_halo_desc,
+        n_desc: i32,
+        total_units: i64,
+        packed: *mut ::std::os::raw::c_void,
+        direction: i32,
+        in_flight: i32,
     ) -> cuferry_status;
 }
 unsafe extern "C" {

@@ -1,6 +1,7 @@
 //! The halo section: packing 1, 4 and 10 arrays of 48 x 48 x 79 f64 with a halo of 3 (all
 //! edges, x-faces only, y-faces only, and the 10-array edges turned a quarter), and 4 arrays
-//! of 384^2 x 79 (1536^2 x 79 too, without --quick, on CUDA). Per case, in one run: the packer
+//! of 384^2 x 79; on CUDA also 8 arrays of 384^2 x 79 (y-faces, x-faces: 11.6 MB each) and,
+//! without --quick, 1 array of 1536^2 x 79. Per case, in one run: the packer
 //! (launches per call, time), the seed's strategy (an index array per array per edge, one
 //! launch or gather each), and a copy of the same bytes (D2D on CUDA, memcpy on the host).
 //! Arrays are stored (z, y, x), x contiguous.
@@ -72,8 +73,13 @@ fn cases(device: Device, quick: bool) -> Result<Vec<Case>> {
     for faces in ["edges", "x-faces", "y-faces"] {
         out.push(case(384, 4, faces, false)?);
     }
-    if !quick && !device.is_host() {
-        out.push(case(1536, 1, "edges", false)?);
+    if !device.is_host() {
+        // Regions of 11.6 MB with one kind of row each: the scope of the >= 10 MB targets.
+        out.push(case(384, 8, "y-faces", false)?);
+        out.push(case(384, 8, "x-faces", false)?);
+        if !quick {
+            out.push(case(1536, 1, "edges", false)?);
+        }
     }
     Ok(out)
 }
@@ -103,12 +109,19 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
         let mut dst = DeviceBuffer::<u8>::zeroed(&stream, bytes)?;
         let same_bytes = median_device_secs(&stream, repeats, || copy(&stream, &src, &mut dst).map(drop))?;
         let copy_name = if device.is_host() { "memcpy same bytes" } else { "D2D same bytes" };
+        // The kernel's loads in flight per thread (csrc/halo.cu reads the variable; 2 unless
+        // it says 1 or 4), named so that runs with different settings can be told apart.
+        let knob = match (device.is_host(), std::env::var("CUFERRY_HALO_IN_FLIGHT")) {
+            (true, _) => String::new(),
+            (false, Ok(v)) => format!("; CUFERRY_HALO_IN_FLIGHT={v}"),
+            (false, Err(_)) => "; CUFERRY_HALO_IN_FLIGHT unset".into(),
+        };
         rows.push(Row {
             section: "halo",
             case: c.name.clone(),
             bytes,
             params: format!(
-                "{} launch(es), {:.1} us; seed: {} launches, {:.1} us ({:.1}x)",
+                "{} launch(es), {:.1} us; seed: {} launches, {:.1} us ({:.1}x){knob}",
                 packer.launches_per_call(),
                 pack * 1e6,
                 seed.launches_per_pack(),
