@@ -387,14 +387,11 @@ cuferry_status grid_of(long long blocks, unsigned *grid) {
   return CUFERRY_STATUS_SUCCESS;
 }
 
-}  // namespace
-
-extern "C" {
-
-cuferry_status cuferry_cuda_halo_launch(int32_t device, const cuferry_halo_desc *table, int32_t n_desc,
-                                   int64_t total_units, void *packed, int32_t direction,
-                                   cuferry_stream stream) {
-  CF_REQUIRE(stream);
+// The checks shared by the launch and its emulation: the grid for `total_units` units in
+// *grid (0 when there is nothing to do), or the status of the first bad argument.
+cuferry_status launch_grid(const cuferry_halo_desc *table, int32_t n_desc, int64_t total_units,
+                           const void *packed, int32_t direction, unsigned *grid) {
+  *grid = 0;
   if (direction != CUFERRY_HALO_PACK && direction != CUFERRY_HALO_UNPACK) {
     return CUFERRY_STATUS_BAD_ENUM;
   }
@@ -409,9 +406,24 @@ cuferry_status cuferry_cuda_halo_launch(int32_t device, const cuferry_halo_desc 
   if (n_desc == 0) {
     return static_cast<cuferry_status>(cudaErrorInvalidValue);
   }
-  unsigned grid = 0;
-  cuferry_status st = grid_of((total_units + kUnitsPerBlock - 1) / kUnitsPerBlock, &grid);
+  cuferry_status st = grid_of((total_units + kUnitsPerBlock - 1) / kUnitsPerBlock, grid);
   if (st != CUFERRY_STATUS_SUCCESS) {
+    return st;
+  }
+  return CUFERRY_STATUS_SUCCESS;
+}
+
+}  // namespace
+
+extern "C" {
+
+cuferry_status cuferry_cuda_halo_launch(int32_t device, const cuferry_halo_desc *table, int32_t n_desc,
+                                   int64_t total_units, void *packed, int32_t direction,
+                                   cuferry_stream stream) {
+  CF_REQUIRE(stream);
+  unsigned grid = 0;
+  cuferry_status st = launch_grid(table, n_desc, total_units, packed, direction, &grid);
+  if (st != CUFERRY_STATUS_SUCCESS || grid == 0) {
     return st;
   }
   CF_TRY(cudaSetDevice(device));
@@ -434,24 +446,12 @@ cuferry_status cuferry_cuda_halo_launch(int32_t device, const cuferry_halo_desc 
 cuferry_status cuferry_cuda_halo_emulate(const cuferry_halo_desc *table, int32_t n_desc,
                                          int64_t total_units, void *packed, int32_t direction,
                                          int32_t in_flight) {
-  if ((direction != CUFERRY_HALO_PACK && direction != CUFERRY_HALO_UNPACK) ||
-      (in_flight != 1 && in_flight != 2 && in_flight != 4)) {
+  if (in_flight != 1 && in_flight != 2 && in_flight != 4) {
     return CUFERRY_STATUS_BAD_ENUM;
   }
-  if (total_units < 0 || n_desc < 0) {
-    return static_cast<cuferry_status>(cudaErrorInvalidValue);
-  }
-  if (total_units == 0) {
-    return CUFERRY_STATUS_SUCCESS;
-  }
-  CF_REQUIRE(table);
-  CF_REQUIRE(packed);
-  if (n_desc == 0) {
-    return static_cast<cuferry_status>(cudaErrorInvalidValue);
-  }
   unsigned grid = 0;
-  cuferry_status st = grid_of((total_units + kUnitsPerBlock - 1) / kUnitsPerBlock, &grid);
-  if (st != CUFERRY_STATUS_SUCCESS) {
+  cuferry_status st = launch_grid(table, n_desc, total_units, packed, direction, &grid);
+  if (st != CUFERRY_STATUS_SUCCESS || grid == 0) {
     return st;
   }
   unsigned char *const bytes = static_cast<unsigned char *>(packed);

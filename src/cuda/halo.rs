@@ -19,6 +19,16 @@ pub(crate) enum HaloDirection {
     Unpack,
 }
 
+impl HaloDirection {
+    /// The C ABI's `CUFERRY_HALO_*` code.
+    fn code(self) -> i32 {
+        match self {
+            HaloDirection::Pack => sys::CUFERRY_HALO_PACK,
+            HaloDirection::Unpack => sys::CUFERRY_HALO_UNPACK,
+        }
+    }
+}
+
 /// `cuferry_cuda_halo_launch`: runs every descriptor of `table` in one kernel launch.
 ///
 /// # Safety
@@ -42,10 +52,7 @@ pub(crate) unsafe fn launch(
         .map_err(|_| Error::invalid(format!("{n_desc} halo descriptors are too many")))?;
     let units = i64::try_from(total_units)
         .map_err(|_| Error::invalid(format!("{total_units} halo units are too many")))?;
-    let dir = match direction {
-        HaloDirection::Pack => sys::CUFERRY_HALO_PACK,
-        HaloDirection::Unpack => sys::CUFERRY_HALO_UNPACK,
-    };
+    let dir = direction.code();
     // SAFETY: preconditions 1 and 2; the stream handle is live.
     check("cuferry_cuda_halo_launch", unsafe {
         sys::cuferry_cuda_halo_launch(dev, table, n, units, packed, dir, stream.0)
@@ -113,10 +120,7 @@ pub(crate) unsafe fn emulate(
         .map_err(|_| Error::invalid(format!("{} halo descriptors are too many", table.len())))?;
     let units = i64::try_from(total_units)
         .map_err(|_| Error::invalid(format!("{total_units} halo units are too many")))?;
-    let dir = match direction {
-        HaloDirection::Pack => sys::CUFERRY_HALO_PACK,
-        HaloDirection::Unpack => sys::CUFERRY_HALO_UNPACK,
-    };
+    let dir = direction.code();
     // SAFETY: the table is a live slice of `n` descriptors; precondition 1 covers the rest.
     check("cuferry_cuda_halo_emulate", unsafe {
         sys::cuferry_cuda_halo_emulate(table.as_ptr(), n, units, packed, dir, in_flight)
