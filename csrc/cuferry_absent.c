@@ -150,9 +150,9 @@ cuferry_status cuferry_cuda_halo_launch(int32_t device, const cuferry_halo_desc 
 }
 cuferry_status cuferry_cuda_halo_emulate(const cuferry_halo_desc *table, int32_t n_desc,
                                          int64_t total_units, void *packed, int32_t direction,
-                                         int32_t in_flight) {
+                                         int32_t in_flight, int32_t max_blocks) {
   (void)table; (void)n_desc; (void)total_units; (void)packed; (void)direction; (void)in_flight;
-  NB;
+  (void)max_blocks; NB;
 }
 cuferry_status cuferry_cuda_halo_seed_pack_launch(int32_t device, const void *src,
                                              const int32_t *indices, int64_t n, void *dst,

@@ -342,9 +342,8 @@ extern "C" {
 
 /** Most dimensions a halo descriptor holds (after merging contiguous dims). */
 #define CUFERRY_HALO_MAX_DIMS 8
-/** Threads per block of the halo kernel, and units per thread per block. */
+/** Threads per block of the halo kernel. */
 #define CUFERRY_HALO_BLOCK_THREADS 256
-#define CUFERRY_HALO_UNITS_PER_THREAD 4
 
 /** Directions of cuferry_cuda_halo_launch. */
 #define CUFERRY_HALO_PACK 0
@@ -394,20 +393,21 @@ typedef struct cuferry_halo_desc {
 /** Runs every descriptor of `table` (device memory, `n_desc` entries covering `total_units`
  *  units) in ONE kernel launch on `stream` of `device`. `packed` is the packed buffer's device
  *  address; `direction` is CUFERRY_HALO_PACK or CUFERRY_HALO_UNPACK. total_units = 0 launches
- *  nothing. The environment variable CUFERRY_HALO_IN_FLIGHT (1, 2 or 4; read once; default 2)
- *  sets how many loads each thread keeps in flight, a tuning knob for benchmarks. */
+ *  nothing. The grid is one wave of resident blocks (fewer for small exchanges). */
 cuferry_status cuferry_cuda_halo_launch(int32_t device, const cuferry_halo_desc *table, int32_t n_desc,
                                    int64_t total_units, void *packed, int32_t direction,
                                    cuferry_stream stream);
 
-/** Runs the kernel's per-thread program for every block and thread of the launch, one after
- *  the other, on the calling CPU thread: the same code as the launch, over host memory (table,
- *  arrays and `packed` are host addresses), with `in_flight` (1, 2 or 4) loads per thread in
- *  flight. For tests of the kernel's index arithmetic on machines without a GPU; not a fast
- *  path. Other arguments as for cuferry_cuda_halo_launch. */
+/** Runs the kernel's per-thread program for every block and thread of a launch of at most
+ *  `max_blocks` (>= 1) blocks, one after the other, on the calling CPU thread: the same code
+ *  as the launch, over host memory (table, arrays and `packed` are host addresses), with
+ *  `in_flight` (1, 2, 4 or 8) loads per thread in flight on the register path (units of 1
+ *  and 2 bytes; the launch uses 4). For tests of the kernel's index
+ *  arithmetic on machines without a GPU; not a fast path. Other arguments as for
+ *  cuferry_cuda_halo_launch. */
 cuferry_status cuferry_cuda_halo_emulate(const cuferry_halo_desc *table, int32_t n_desc,
                                          int64_t total_units, void *packed, int32_t direction,
-                                         int32_t in_flight);
+                                         int32_t in_flight, int32_t max_blocks);
 
 /** The seed's strategy, kept as a benchmark baseline: one launch gathering `n` elements
  *  `dst[i] = src[indices[i]]` (negated when `negate`, per `elem_kind`), with `indices` a flat

@@ -1,36 +1,45 @@
 // halo.cu: halo pack/unpack kernels (see the halo section of cuferry_cuda.h).
 //
 // Rules:
-//  - cuferry_cuda_halo_launch moves every region of an exchange set in ONE launch. Block b
-//    owns the access units [b * kUnitsPerBlock, (b + 1) * kUnitsPerBlock) of the launch's
-//    numbering, and thread t of it the units b * kUnitsPerBlock + t + k * kThreads (k <
-//    kUnitsPerThread), so consecutive threads move consecutive units (coalesced on the packed
-//    side, and on the array side along contiguous rows).
-//  - A block's chunk meets one descriptor or a few: each thread finds the first one by a
-//    binary search over the table (the same for the whole block) and walks the segments.
+//  - cuferry_cuda_halo_launch moves every region of an exchange set in ONE launch. The grid
+//    is one wave of resident blocks (SMs x blocks per SM at the kernel's occupancy), never
+//    more blocks than kThreads-unit rows of work. Block b owns the contiguous access units
+//    [b * chunk, (b + 1) * chunk) of the launch's numbering, chunk = ceil(total / grid).
+//  - A block's chunk meets one descriptor or a few: the block finds the first one together
+//    (first_segment: one parallel read of the starts) and walks the segments. In
+//    a segment [lo, hi) thread t moves the units lo + t + i * kThreads, so consecutive threads
+//    move consecutive units (coalesced on the packed side, and on the array side along
+//    contiguous rows).
+//  - Units of 4 to 16 bytes are staged: each round a thread issues kStageBytes of cp.async
+//    copies into shared memory, waits, and stores them. Loads in flight then cost no
+//    registers: a block keeps 16 KB in flight, where a register path kept about 2 KB, and the
+//    H100 runs of the register kernels were bound by exactly that (ncu, 11.6 MB exchanges:
+//    DRAM at 25-47% of peak, long-scoreboard stalls dominant, the same time for 1 to 8 loads
+//    in flight per thread because registers capped the warps). Units of 1 and 2 bytes take
+//    the register path (kRegisterInFlight loads before their stores).
 //  - Per segment, the descriptor is read once into registers, and the unit size, the dim count
 //    and the negation are fixed for the segment: the per-unit work is a template over the
 //    unit size (1-16 bytes) and the dim count (1 to kRegisterDims dims kept in registers;
 //    more dims are read from the table per unit), with divisions by multiply-shift (the
 //    host's div_mul/div_shr) and no per-unit index math on the packed side (row-major: unit l
-//    is at byte l * unit size of the slot). A thread issues F loads before their stores, F
-//    from CUFERRY_HALO_IN_FLIGHT (1, 2 or 4; default 2). Registers (sm_90, ptxas -v): 48 / 64
-//    / 80 for F = 1 / 2 / 4; the kernel this replaced used 32 but ran about 250 instructions
-//    per unit (descriptor fields reloaded and divided per unit), this one about 60.
+//    is at byte l * unit size of the slot).
 //  - Negation happens at pack only, per element kind: floats flip the sign bit (bit-exact with
 //    the CPU's `-x`), i32 wraps (i32::MIN stays), BITS elements are never negated.
 //  - The per-thread program is __host__ __device__: cuferry_cuda_halo_emulate runs it on the
-//    CPU over host memory, so its arithmetic is tested without a GPU.
+//    CPU over host memory (cp.async becomes a plain copy), for any grid size, so its
+//    arithmetic is tested without a GPU.
 //  - Every launch is followed by cudaGetLastError, returned as the status.
-#include <cstdlib>
+#include <atomic>
 
 #include "common.cuh"
 
 namespace {
 
 constexpr int kThreads = CUFERRY_HALO_BLOCK_THREADS;
-constexpr int kUnitsPerThread = CUFERRY_HALO_UNITS_PER_THREAD;
-constexpr long long kUnitsPerBlock = static_cast<long long>(kThreads) * kUnitsPerThread;
+// Bytes each thread stages in shared memory per round of the staged path (16 KB a block).
+constexpr int kStageBytes = 64;
+// Loads in flight per thread on the register path (units of 1 and 2 bytes).
+constexpr int kRegisterInFlight = 4;
 // Descriptors of more dims than this take the path that keeps no dims in registers.
 constexpr int kRegisterDims = 3;
 
@@ -153,39 +162,44 @@ __host__ __device__ __forceinline__ Dims<ND> dims_of(const cuferry_halo_desc &d)
   return g;
 }
 
-// Moves the units base + k * kThreads (k < kUnitsPerThread) that lie in [lo, hi) of one
-// descriptor, F at a time: the loads of a group, then its stores.
+// Byte offset of unit l of a descriptor on the array side.
+template <int ND>
+__host__ __device__ __forceinline__ long long array_offset(const Dims<ND> &g, long long l) {
+  unsigned rest = static_cast<unsigned>(l);
+  long long a = 0;
+#pragma unroll
+  for (int i = ND - 1; i > 0; --i) {
+    const unsigned q = fast_div(rest, g.mul[i], g.shr[i]);
+    a += static_cast<long long>(rest - q * g.extent[i]) * g.array_step[i];
+    rest = q;
+  }
+  return a + static_cast<long long>(rest) * g.array_step[0];
+}
+
+// Moves the units lo + thread + i * kThreads below hi of one descriptor, F at a time: the
+// loads of a group, then its stores.
 template <int F, int ND, int B>
 __host__ __device__ __forceinline__ void move_units(const cuferry_halo_desc &d, unsigned char *packed,
-                                                    bool pack, long long base, long long lo,
-                                                    long long hi) {
+                                                    bool pack, long long lo, long long hi,
+                                                    unsigned thread) {
   using T = typename Unit<B>::T;
   const Dims<ND> g = dims_of<ND>(d);
   unsigned char *const array = reinterpret_cast<unsigned char *>(d.array);
   unsigned char *const slot = packed + d.packed_offset;
   const Negation neg = negation_of(d);
   const bool negating = pack && d.negate != 0;
-#pragma unroll
-  for (int k0 = 0; k0 < kUnitsPerThread; k0 += F) {
+#pragma unroll 1
+  for (long long l0 = lo + thread; l0 < hi; l0 += static_cast<long long>(kThreads) * F) {
     T v[F];
     T *dst[F];
 #pragma unroll
     for (int j = 0; j < F; ++j) {
-      const long long l = base + static_cast<long long>(k0 + j) * kThreads;
+      const long long l = l0 + static_cast<long long>(j) * kThreads;
       dst[j] = nullptr;
-      if (l < lo || l >= hi) {
+      if (l >= hi) {
         continue;
       }
-      unsigned rest = static_cast<unsigned>(l);
-      long long a = 0;
-#pragma unroll
-      for (int i = ND - 1; i > 0; --i) {
-        const unsigned q = fast_div(rest, g.mul[i], g.shr[i]);
-        const unsigned idx = rest - q * g.extent[i];
-        a += static_cast<long long>(idx) * g.array_step[i];
-        rest = q;
-      }
-      a += static_cast<long long>(rest) * g.array_step[0];
+      const long long a = array_offset<ND>(g, l);
       const long long p = l * B;  // the packed side is row-major
       const T *src = reinterpret_cast<const T *>(pack ? array + a : slot + p);
       dst[j] = reinterpret_cast<T *>(pack ? slot + p : array + a);
@@ -203,13 +217,82 @@ __host__ __device__ __forceinline__ void move_units(const cuferry_halo_desc &d, 
   }
 }
 
+// Copies one unit of B (4, 8 or 16) bytes from global memory into the stage without holding
+// it in registers (cp.async; plain on the host); async_wait waits for every copy the thread
+// issued.
+template <int B>
+__host__ __device__ __forceinline__ void async_copy(typename Unit<B>::T *to, const typename Unit<B>::T *from) {
+#ifdef __CUDA_ARCH__
+  const unsigned shared = static_cast<unsigned>(__cvta_generic_to_shared(to));
+  if constexpr (B == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared), "l"(from) : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(shared), "l"(from), "n"(B)
+                 : "memory");
+  }
+#else
+  *to = *from;
+#endif
+}
+
+__host__ __device__ __forceinline__ void async_wait() {
+#ifdef __CUDA_ARCH__
+  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
+
+// The path for units of 4 to 16 bytes: per round a thread copies kStageBytes / B units into
+// its column of the block's stage with cp.async (no registers held per load, so a block keeps
+// 16 KB of loads in flight where the register path kept about 2 KB), waits, then stores them.
+// Stage layout: unit j of thread t at stage[(j * kThreads + t) * B] (conflict-free reads).
+template <int ND, int B>
+__host__ __device__ __forceinline__ void move_units_staged(const cuferry_halo_desc &d,
+                                                           unsigned char *packed, bool pack,
+                                                           long long lo, long long hi,
+                                                           unsigned thread, unsigned char *stage) {
+  using T = typename Unit<B>::T;
+  constexpr int kGroup = kStageBytes / B;
+  const Dims<ND> g = dims_of<ND>(d);
+  unsigned char *const array = reinterpret_cast<unsigned char *>(d.array);
+  unsigned char *const slot = packed + d.packed_offset;
+  const Negation neg = negation_of(d);
+  const bool negating = pack && d.negate != 0;
+  T *const column = reinterpret_cast<T *>(stage) + thread;
+#pragma unroll 1
+  for (long long l0 = lo + thread; l0 < hi; l0 += static_cast<long long>(kThreads) * kGroup) {
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) {
+      const long long l = l0 + static_cast<long long>(j) * kThreads;
+      if (l >= hi) {
+        break;
+      }
+      const unsigned char *from = pack ? array + array_offset<ND>(g, l) : slot + l * B;
+      async_copy<B>(column + j * kThreads, reinterpret_cast<const T *>(from));
+    }
+    async_wait();
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) {
+      const long long l = l0 + static_cast<long long>(j) * kThreads;
+      if (l >= hi) {
+        break;
+      }
+      T v = column[j * kThreads];
+      if (negating) {
+        negate(v, neg);
+      }
+      unsigned char *to = pack ? slot + l * B : array + array_offset<ND>(g, l);
+      *reinterpret_cast<T *>(to) = v;
+    }
+  }
+}
+
 // The same for descriptors of more dims than the register path takes: the dims are read
 // from the table for every unit (few registers, more loads), one unit at a time.
 template <int B>
 __host__ __device__ __forceinline__ void move_units_many_dims(const cuferry_halo_desc &d,
                                                               unsigned char *packed, bool pack,
-                                                              long long base, long long lo,
-                                                              long long hi) {
+                                                              long long lo, long long hi,
+                                                              unsigned thread) {
   using T = typename Unit<B>::T;
   unsigned char *const array = reinterpret_cast<unsigned char *>(d.array);
   unsigned char *const slot = packed + d.packed_offset;
@@ -217,11 +300,7 @@ __host__ __device__ __forceinline__ void move_units_many_dims(const cuferry_halo
   const long long unit_bytes = static_cast<long long>(d.unit_elems) * d.elem_size;
   const bool negating = pack && d.negate != 0;
 #pragma unroll 1
-  for (int k = 0; k < kUnitsPerThread; ++k) {
-    const long long l = base + static_cast<long long>(k) * kThreads;
-    if (l < lo || l >= hi) {
-      continue;
-    }
+  for (long long l = lo + thread; l < hi; l += kThreads) {
     unsigned rest = static_cast<unsigned>(l);
     long long a = 0;
 #pragma unroll 1
@@ -244,63 +323,83 @@ __host__ __device__ __forceinline__ void move_units_many_dims(const cuferry_halo
   }
 }
 
-// Picks the path for a descriptor of ND dims (ND == 0: more than kRegisterDims).
+// Picks the path for a descriptor of ND dims (ND == 0: more than kRegisterDims) and B-byte
+// units: staged for 4 to 16 bytes, registers with F loads in flight for 1 and 2.
 template <int F, int ND, int B>
 __host__ __device__ __forceinline__ void move_units_nd(const cuferry_halo_desc &d, unsigned char *packed,
-                                                       bool pack, long long base, long long lo,
-                                                       long long hi) {
+                                                       bool pack, long long lo, long long hi,
+                                                       unsigned thread, unsigned char *stage) {
   if constexpr (ND == 0) {
-    move_units_many_dims<B>(d, packed, pack, base, lo, hi);
+    move_units_many_dims<B>(d, packed, pack, lo, hi, thread);
+  } else if constexpr (B >= 4) {
+    move_units_staged<ND, B>(d, packed, pack, lo, hi, thread, stage);
   } else {
-    move_units<F, ND, B>(d, packed, pack, base, lo, hi);
+    move_units<F, ND, B>(d, packed, pack, lo, hi, thread);
   }
 }
 
 // Picks the unit size of a descriptor.
 template <int F, int ND>
 __host__ __device__ __forceinline__ void move_units_of(const cuferry_halo_desc &d, unsigned char *packed,
-                                                       bool pack, long long base, long long lo,
-                                                       long long hi) {
+                                                       bool pack, long long lo, long long hi,
+                                                       unsigned thread, unsigned char *stage) {
   switch (d.unit_elems * d.elem_size) {
     case 16:
-      move_units_nd<F, ND, 16>(d, packed, pack, base, lo, hi);
+      move_units_nd<F, ND, 16>(d, packed, pack, lo, hi, thread, stage);
       break;
     case 8:
-      move_units_nd<F, ND, 8>(d, packed, pack, base, lo, hi);
+      move_units_nd<F, ND, 8>(d, packed, pack, lo, hi, thread, stage);
       break;
     case 4:
-      move_units_nd<F, ND, 4>(d, packed, pack, base, lo, hi);
+      move_units_nd<F, ND, 4>(d, packed, pack, lo, hi, thread, stage);
       break;
     case 2:
-      move_units_nd<F, ND, 2>(d, packed, pack, base, lo, hi);
+      move_units_nd<F, ND, 2>(d, packed, pack, lo, hi, thread, stage);
       break;
     default:
-      move_units_nd<F, ND, 1>(d, packed, pack, base, lo, hi);
+      move_units_nd<F, ND, 1>(d, packed, pack, lo, hi, thread, stage);
       break;
   }
 }
 
-// The program of thread `thread` of block `block`: every unit it owns, segment by segment,
-// with F loads in flight.
-template <int F>
-__host__ __device__ void halo_thread(const cuferry_halo_desc *__restrict__ table, int n_desc,
-                                     long long total_units, unsigned char *packed, int direction,
-                                     unsigned block, unsigned thread) {
-  const long long c0 = static_cast<long long>(block) * kUnitsPerBlock;
-  const long long c1 = c0 + kUnitsPerBlock < total_units ? c0 + kUnitsPerBlock : total_units;
-  // The last descriptor starting at or before c0 (the same for every thread of the block).
-  int lo = 0;
-  int hi = n_desc - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (table[mid].unit_first <= c0) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
+// The last descriptor starting at or before unit c0 (the same for every thread of the block;
+// every thread must call it). On the device the block reads kThreads starts at once and
+// counts them with __syncthreads_count: one round trip to memory per 256 descriptors, where
+// a binary search made log2(n_desc) dependent ones (each about a microsecond with the table
+// out of cache, as it is once per time step).
+__host__ __device__ __forceinline__ int first_segment(const cuferry_halo_desc *__restrict__ table,
+                                                      int n_desc, long long c0, unsigned thread) {
+  int starts_at_or_before = 0;
+#ifdef __CUDA_ARCH__
+  for (int base = 0; base < n_desc; base += kThreads) {
+    const int i = base + static_cast<int>(thread);
+    const int here = __syncthreads_count(i < n_desc && table[i].unit_first <= c0);
+    starts_at_or_before += here;
+    if (here < kThreads) {
+      break;  // the starts increase: no later one is at or before c0 (uniform in the block)
     }
   }
+#else
+  (void)thread;
+  while (starts_at_or_before < n_desc && table[starts_at_or_before].unit_first <= c0) {
+    ++starts_at_or_before;
+  }
+#endif
+  return starts_at_or_before - 1;  // table[0].unit_first == 0 <= c0
+}
+
+// The program of thread `thread` of block `block` (units [block * chunk, + chunk) of the
+// launch): every unit it owns, segment by segment. `stage`: the block's kThreads *
+// kStageBytes bytes of staging (shared memory on the device), 16-byte aligned.
+template <int F>
+__host__ __device__ void halo_thread(const cuferry_halo_desc *__restrict__ table, int n_desc,
+                                     long long total_units, long long chunk, unsigned char *packed,
+                                     int direction, unsigned block, unsigned thread,
+                                     unsigned char *stage) {
+  const long long c0 = static_cast<long long>(block) * chunk;
+  const long long c1 = c0 + chunk < total_units ? c0 + chunk : total_units;
+  const int lo = first_segment(table, n_desc, c0, thread);
   const bool pack = direction == CUFERRY_HALO_PACK;
-  const long long mine = c0 + thread;  // this thread's unit for k = 0
   for (int d = lo; d < n_desc; ++d) {
     const cuferry_halo_desc &desc = table[d];
     const long long first = desc.unit_first;
@@ -313,42 +412,32 @@ __host__ __device__ void halo_thread(const cuferry_halo_desc *__restrict__ table
     if (s0 >= s1) {
       continue;
     }
-    const long long base = mine - first;
     const long long l0 = s0 - first;
     const long long l1 = s1 - first;
     static_assert(kRegisterDims == 3, "the switch below lists the register paths");
     switch (desc.ndim) {
       case 1:
-        move_units_of<F, 1>(desc, packed, pack, base, l0, l1);
+        move_units_of<F, 1>(desc, packed, pack, l0, l1, thread, stage);
         break;
       case 2:
-        move_units_of<F, 2>(desc, packed, pack, base, l0, l1);
+        move_units_of<F, 2>(desc, packed, pack, l0, l1, thread, stage);
         break;
       case 3:
-        move_units_of<F, 3>(desc, packed, pack, base, l0, l1);
+        move_units_of<F, 3>(desc, packed, pack, l0, l1, thread, stage);
         break;
       default:
-        move_units_of<F, 0>(desc, packed, pack, base, l0, l1);
+        move_units_of<F, 0>(desc, packed, pack, l0, l1, thread, stage);
         break;
     }
   }
 }
 
-template <int F>
 __global__ void __launch_bounds__(kThreads)
     halo_kernel(const cuferry_halo_desc *__restrict__ table, int n_desc, long long total_units,
-                unsigned char *packed, int direction) {
-  halo_thread<F>(table, n_desc, total_units, packed, direction, blockIdx.x, threadIdx.x);
-}
-
-// Loads in flight per thread: CUFERRY_HALO_IN_FLIGHT (1, 2 or 4), read once; 2 otherwise.
-int in_flight() {
-  static const int value = [] {
-    const char *v = std::getenv("CUFERRY_HALO_IN_FLIGHT");
-    const int n = v == nullptr ? 0 : std::atoi(v);
-    return (n == 1 || n == 2 || n == 4) ? n : 2;
-  }();
-  return value;
+                long long chunk, unsigned char *packed, int direction) {
+  __shared__ __align__(16) unsigned char stage[kThreads * kStageBytes];
+  halo_thread<kRegisterInFlight>(table, n_desc, total_units, chunk, packed, direction, blockIdx.x,
+                                 threadIdx.x, stage);
 }
 
 template <typename T>
@@ -387,15 +476,18 @@ cuferry_status grid_of(long long blocks, unsigned *grid) {
   return CUFERRY_STATUS_SUCCESS;
 }
 
-// The checks shared by the launch and its emulation: the grid for `total_units` units in
-// *grid (0 when there is nothing to do), or the status of the first bad argument.
+// A grid of at most `max_blocks` blocks for `total_units` units: *grid blocks (0 when there is
+// nothing to do) of *chunk units each (the last one may have fewer). Also the checks shared
+// by the launch and its emulation: the status of the first bad argument.
 cuferry_status launch_grid(const cuferry_halo_desc *table, int32_t n_desc, int64_t total_units,
-                           const void *packed, int32_t direction, unsigned *grid) {
+                           const void *packed, int32_t direction, long long max_blocks,
+                           unsigned *grid, long long *chunk) {
   *grid = 0;
+  *chunk = 0;
   if (direction != CUFERRY_HALO_PACK && direction != CUFERRY_HALO_UNPACK) {
     return CUFERRY_STATUS_BAD_ENUM;
   }
-  if (total_units < 0 || n_desc < 0) {
+  if (total_units < 0 || n_desc < 0 || max_blocks < 1) {
     return static_cast<cuferry_status>(cudaErrorInvalidValue);
   }
   if (total_units == 0) {
@@ -406,11 +498,53 @@ cuferry_status launch_grid(const cuferry_halo_desc *table, int32_t n_desc, int64
   if (n_desc == 0) {
     return static_cast<cuferry_status>(cudaErrorInvalidValue);
   }
-  cuferry_status st = grid_of((total_units + kUnitsPerBlock - 1) / kUnitsPerBlock, grid);
+  // No block gets fewer units than it has threads, unless there are fewer in all.
+  const long long rows = (total_units + kThreads - 1) / kThreads;
+  const long long blocks = rows < max_blocks ? rows : max_blocks;
+  const long long per_block = (total_units + blocks - 1) / blocks;
+  const cuferry_status st = grid_of((total_units + per_block - 1) / per_block, grid);
   if (st != CUFERRY_STATUS_SUCCESS) {
     return st;
   }
+  *chunk = per_block;
   return CUFERRY_STATUS_SUCCESS;
+}
+
+// Blocks of halo_kernel resident on the current device (`device`) at once: SMs times blocks
+// per SM at the kernel's occupancy. Computed once per device and cached.
+cuferry_status resident_blocks(int32_t device, long long *blocks) {
+  constexpr int kCachedDevices = 64;
+  static std::atomic<long long> cache[kCachedDevices];
+  const bool cached = device >= 0 && device < kCachedDevices;
+  if (cached) {
+    const long long v = cache[device].load(std::memory_order_relaxed);
+    if (v > 0) {
+      *blocks = v;
+      return CUFERRY_STATUS_SUCCESS;
+    }
+  }
+  int sms = 0;
+  int per_sm = 0;
+  CF_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  CF_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, halo_kernel, kThreads, 0));
+  const long long v = static_cast<long long>(sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1);
+  if (cached) {
+    cache[device].store(v, std::memory_order_relaxed);
+  }
+  *blocks = v;
+  return CUFERRY_STATUS_SUCCESS;
+}
+
+// Runs halo_thread<F> for every block and thread of the grid, one after the other.
+template <int F>
+void emulate_with(const cuferry_halo_desc *table, int32_t n_desc, int64_t total_units,
+                  long long chunk, unsigned char *packed, int32_t direction, unsigned grid) {
+  alignas(16) static thread_local unsigned char stage[kThreads * kStageBytes];
+  for (unsigned b = 0; b < grid; ++b) {
+    for (unsigned t = 0; t < static_cast<unsigned>(kThreads); ++t) {
+      halo_thread<F>(table, n_desc, total_units, chunk, packed, direction, b, t, stage);
+    }
+  }
 }
 
 }  // namespace
@@ -422,50 +556,55 @@ cuferry_status cuferry_cuda_halo_launch(int32_t device, const cuferry_halo_desc 
                                    cuferry_stream stream) {
   CF_REQUIRE(stream);
   unsigned grid = 0;
-  cuferry_status st = launch_grid(table, n_desc, total_units, packed, direction, &grid);
+  long long chunk = 0;
+  // The checks first, with any grid: nothing touches the device for bad arguments.
+  cuferry_status st = launch_grid(table, n_desc, total_units, packed, direction, 1, &grid, &chunk);
   if (st != CUFERRY_STATUS_SUCCESS || grid == 0) {
     return st;
   }
   CF_TRY(cudaSetDevice(device));
-  unsigned char *const bytes = static_cast<unsigned char *>(packed);
-  cudaStream_t s = cf_stream(stream);
-  switch (in_flight()) {
-    case 1:
-      halo_kernel<1><<<grid, kThreads, 0, s>>>(table, n_desc, total_units, bytes, direction);
-      break;
-    case 4:
-      halo_kernel<4><<<grid, kThreads, 0, s>>>(table, n_desc, total_units, bytes, direction);
-      break;
-    default:
-      halo_kernel<2><<<grid, kThreads, 0, s>>>(table, n_desc, total_units, bytes, direction);
-      break;
+  long long resident = 0;
+  st = resident_blocks(device, &resident);
+  if (st != CUFERRY_STATUS_SUCCESS) {
+    return st;
   }
+  st = launch_grid(table, n_desc, total_units, packed, direction, resident, &grid, &chunk);
+  if (st != CUFERRY_STATUS_SUCCESS) {
+    return st;
+  }
+  halo_kernel<<<grid, kThreads, 0, cf_stream(stream)>>>(table, n_desc, total_units, chunk,
+                                                        static_cast<unsigned char *>(packed),
+                                                        direction);
   return cf_check(cudaGetLastError());
 }
 
 cuferry_status cuferry_cuda_halo_emulate(const cuferry_halo_desc *table, int32_t n_desc,
                                          int64_t total_units, void *packed, int32_t direction,
-                                         int32_t in_flight) {
-  if (in_flight != 1 && in_flight != 2 && in_flight != 4) {
+                                         int32_t in_flight, int32_t max_blocks) {
+  if (in_flight != 1 && in_flight != 2 && in_flight != 4 && in_flight != 8) {
     return CUFERRY_STATUS_BAD_ENUM;
   }
   unsigned grid = 0;
-  cuferry_status st = launch_grid(table, n_desc, total_units, packed, direction, &grid);
+  long long chunk = 0;
+  cuferry_status st =
+      launch_grid(table, n_desc, total_units, packed, direction, max_blocks, &grid, &chunk);
   if (st != CUFERRY_STATUS_SUCCESS || grid == 0) {
     return st;
   }
   unsigned char *const bytes = static_cast<unsigned char *>(packed);
-  const int f = in_flight;
-  for (unsigned b = 0; b < grid; ++b) {
-    for (unsigned t = 0; t < static_cast<unsigned>(kThreads); ++t) {
-      if (f == 1) {
-        halo_thread<1>(table, n_desc, total_units, bytes, direction, b, t);
-      } else if (f == 4) {
-        halo_thread<4>(table, n_desc, total_units, bytes, direction, b, t);
-      } else {
-        halo_thread<2>(table, n_desc, total_units, bytes, direction, b, t);
-      }
-    }
+  switch (in_flight) {
+    case 1:
+      emulate_with<1>(table, n_desc, total_units, chunk, bytes, direction, grid);
+      break;
+    case 4:
+      emulate_with<4>(table, n_desc, total_units, chunk, bytes, direction, grid);
+      break;
+    case 8:
+      emulate_with<8>(table, n_desc, total_units, chunk, bytes, direction, grid);
+      break;
+    default:
+      emulate_with<2>(table, n_desc, total_units, chunk, bytes, direction, grid);
+      break;
   }
   return CUFERRY_STATUS_SUCCESS;
 }

@@ -101,8 +101,9 @@ pub(crate) unsafe fn seed_pack_launch(
 }
 
 /// `cuferry_cuda_halo_emulate`: runs the kernel's per-thread program for every block and
-/// thread on the calling CPU thread, over host memory, with `in_flight` (1, 2 or 4) loads per
-/// thread in flight (tests of the kernel's arithmetic).
+/// thread of a grid of at most `max_blocks` blocks on the calling CPU thread, over host memory,
+/// with `in_flight` (1, 2, 4 or 8) loads per thread in flight (tests of the kernel's
+/// arithmetic).
 ///
 /// # Safety
 ///
@@ -115,6 +116,7 @@ pub(crate) unsafe fn emulate(
     packed: *mut c_void,
     direction: HaloDirection,
     in_flight: i32,
+    max_blocks: i32,
 ) -> Result<()> {
     let n = i32::try_from(table.len())
         .map_err(|_| Error::invalid(format!("{} halo descriptors are too many", table.len())))?;
@@ -123,6 +125,6 @@ pub(crate) unsafe fn emulate(
     let dir = direction.code();
     // SAFETY: the table is a live slice of `n` descriptors; precondition 1 covers the rest.
     check("cuferry_cuda_halo_emulate", unsafe {
-        sys::cuferry_cuda_halo_emulate(table.as_ptr(), n, units, packed, dir, in_flight)
+        sys::cuferry_cuda_halo_emulate(table.as_ptr(), n, units, packed, dir, in_flight, max_blocks)
     })
 }

@@ -319,7 +319,8 @@ mod tests {
     }
 
     /// Packs and unpacks the exchange set `xs` (with `xs` as the y exchanges too when
-    /// `vector`) by the kernel's program on the CPU, for 1, 2 and 4 loads in flight, arrays and
+    /// `vector`) by the kernel's program on the CPU, for 1, 2, 4 and 8 loads in flight and
+    /// several grid sizes, arrays and
     /// packed buffer at random atom-multiple shifts from a 16-byte boundary: every byte must
     /// equal the scalar reference, untouched bytes included.
     fn check_against_reference(
@@ -373,7 +374,12 @@ mod tests {
                 Direction::Pack => HaloDirection::Pack,
                 Direction::Unpack => HaloDirection::Unpack,
             };
-            for in_flight in [1, 2, 4] {
+            // Loads in flight and grid caps: one block per 256-unit row (i32::MAX), one block
+            // for everything, and chunks that start and end inside descriptors.
+            // (The third cap comes from the set's size, not from `rng`: the random cases stay
+            // those the assertions on `seen` were written for.)
+            let varied_cap = 2 + (total % 41) as i32;
+            for (in_flight, max_blocks) in [(1, i32::MAX), (2, 1), (2, varied_cap), (4, 3), (8, i32::MAX)] {
                 // Start each run from the initial bytes.
                 packed.bytes_mut().copy_from_slice(&packed0);
                 for (a, init) in arrays.iter_mut().zip(&arrays0) {
@@ -382,8 +388,9 @@ mod tests {
                 // SAFETY: the table names the arrays and packed buffer above, host memory that
                 // lives through the call and holds every view (`build` checked the views
                 // against the plan, which checked them against the specs).
-                unsafe { raw::emulate(&table, total, packed.ptr().cast(), dir, in_flight) }.unwrap();
-                let what = format!("{what} {direction:?} in_flight {in_flight}");
+                unsafe { raw::emulate(&table, total, packed.ptr().cast(), dir, in_flight, max_blocks) }
+                    .unwrap();
+                let what = format!("{what} {direction:?} in_flight {in_flight}, at most {max_blocks} blocks");
                 assert!(packed.bytes() == &want_packed[..], "{what}: packed buffer differs");
                 for (i, a) in arrays.iter().enumerate() {
                     assert!(a.bytes() == &want_arrays[i][..], "{what}: array {i} differs");

@@ -33,7 +33,6 @@ pub const CUFERRY_LINOP_C32: i32 = 3;
 pub const CUFERRY_LINOP_C64: i32 = 4;
 pub const CUFERRY_HALO_MAX_DIMS: i32 = 8;
 pub const CUFERRY_HALO_BLOCK_THREADS: i32 = 256;
-pub const CUFERRY_HALO_UNITS_PER_THREAD: i32 = 4;
 pub const CUFERRY_HALO_PACK: i32 = 0;
 pub const CUFERRY_HALO_UNPACK: i32 = 1;
 pub const CUFERRY_HALO_KIND_BITS: i32 = 0;
@@ -622,7 +621,7 @@ const _: () = {
         [::std::mem::offset_of!(cuferry_halo_desc, div_shr) - 248usize];
 };
 unsafe extern "C" {
-    #[doc = " Runs every descriptor of `table` (device memory, `n_desc` entries covering `total_units`\n  units) in ONE kernel launch on `stream` of `device`. `packed` is the packed buffer's device\n  address; `direction` is CUFERRY_HALO_PACK or CUFERRY_HALO_UNPACK. total_units = 0 launches\n  nothing. The environment variable CUFERRY_HALO_IN_FLIGHT (1, 2 or 4; read once; default 2)\n  sets how many loads each thread keeps in flight, a tuning knob for benchmarks."]
+    #[doc = " Runs every descriptor of `table` (device memory, `n_desc` entries covering `total_units`\n  units) in ONE kernel launch on `stream` of `device`. `packed` is the packed buffer's device\n  address; `direction` is CUFERRY_HALO_PACK or CUFERRY_HALO_UNPACK. total_units = 0 launches\n  nothing. The grid is one wave of resident blocks (fewer for small exchanges)."]
     pub fn cuferry_cuda_halo_launch(
         device: i32,
         table: *const cuferry_halo_desc,
@@ -634,7 +633,7 @@ unsafe extern "C" {
     ) -> cuferry_status;
 }
 unsafe extern "C" {
-    #[doc = " Runs the kernel's per-thread program for every block and thread of the launch, one after\n  the other, on the calling CPU thread: the same code as the launch, over host memory (table,\n  arrays and `packed` are host addresses), with `in_flight` (1, 2 or 4) loads per thread in\n  flight. For tests of the kernel's index arithmetic on machines without a GPU; not a fast\n  path. Other arguments as for cuferry_cuda_halo_launch."]
+    #[doc = " Runs the kernel's per-thread program for every block and thread of a launch of at most\n  `max_blocks` (>= 1) blocks, one after the other, on the calling CPU thread: the same code\n  as the launch, over host memory (table, arrays and `packed` are host addresses), with\n  `in_flight` (1, 2, 4 or 8) loads per thread in flight on the register path (units of 1\n  and 2 bytes; the launch uses 4). For tests of the kernel's index\n  arithmetic on machines without a GPU; not a fast path. Other arguments as for\n  cuferry_cuda_halo_launch."]
     pub fn cuferry_cuda_halo_emulate(
         table: *const cuferry_halo_desc,
         n_desc: i32,
@@ -642,6 +641,7 @@ unsafe extern "C" {
         packed: *mut ::std::os::raw::c_void,
         direction: i32,
         in_flight: i32,
+        max_blocks: i32,
     ) -> cuferry_status;
 }
 unsafe extern "C" {
