@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use cuferry::{Event, Result, Stream};
+use cuferry::{copy, DeviceBuffer, Event, Result, Stream};
 
 /// Runs `f` once to warm up, then `repeats` times; returns the median wall time in seconds.
 pub fn median_secs(repeats: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
@@ -24,16 +24,28 @@ pub fn gbps(bytes: usize, secs: f64) -> f64 {
 
 /// Times `op` (which queues work on `stream`) with timing events around it: one warm-up, then
 /// `repeats` runs; returns the median device time in seconds.
-pub fn median_device_secs(
+pub fn median_device_secs(stream: &Stream, repeats: usize, op: impl FnMut() -> Result<()>) -> Result<f64> {
+    median_device_secs_after(stream, repeats, || Ok(()), op)
+}
+
+/// As [`median_device_secs`], with `before` queued on `stream` ahead of every run and waited
+/// for, outside the timed interval (an L2 flush: [`L2Flush`]). Each run starts on an idle
+/// device, so host launch gaps count as they do without `before` (work queued behind a busy
+/// stream would hide them: the seed's 40 launches measured 134 us that way, 210 us without).
+pub fn median_device_secs_after(
     stream: &Stream,
     repeats: usize,
+    mut before: impl FnMut() -> Result<()>,
     mut op: impl FnMut() -> Result<()>,
 ) -> Result<f64> {
     let (start, end) = (Event::with_timing(stream.device())?, Event::with_timing(stream.device())?);
+    before()?;
     op()?;
     stream.synchronize()?;
     let mut times = Vec::with_capacity(repeats);
     for _ in 0..repeats.max(1) {
+        before()?;
+        stream.synchronize()?;
         start.record(stream)?;
         op()?;
         end.record(stream)?;
@@ -42,4 +54,34 @@ pub fn median_device_secs(
     }
     times.sort_by(f64::total_cmp);
     Ok(times[times.len() / 2])
+}
+
+/// Bytes an [`L2Flush`] reads and writes: more than twice the L2 of any Hopper part (50-60 MB).
+const FLUSH_BYTES: usize = 128 << 20;
+
+/// Evicts a GPU's L2 by copying [`FLUSH_BYTES`] between two buffers of its own. Timed runs
+/// over the same small buffers otherwise measure the cache (METHOD.md: "repeated runs over one
+/// buffer measure the cache"), which flatters a small contiguous copy against a kernel whose
+/// reads spread over large arrays.
+pub struct L2Flush {
+    src: DeviceBuffer<u8>,
+    dst: DeviceBuffer<u8>,
+}
+
+impl L2Flush {
+    /// Two buffers of [`FLUSH_BYTES`] on `stream`'s device; `None` on the host backend.
+    pub fn new(stream: &Stream) -> Result<Option<Self>> {
+        if stream.device().is_host() {
+            return Ok(None);
+        }
+        Ok(Some(L2Flush {
+            src: DeviceBuffer::zeroed(stream, FLUSH_BYTES)?,
+            dst: DeviceBuffer::zeroed(stream, FLUSH_BYTES)?,
+        }))
+    }
+
+    /// Queues the flush on `stream`.
+    pub fn queue(&mut self, stream: &Stream) -> Result<()> {
+        copy(stream, &self.src, &mut self.dst).map(drop)
+    }
 }
