@@ -477,6 +477,30 @@ fn pack_executor_copies_every_byte() {
 }
 
 #[test]
+fn spinning_pack_executor_copies_every_byte_and_stops() {
+    let mut rng = common::Rng::new(4);
+    for (threads, spin_us) in [(2, 50), (5, 200), (3, 1)] {
+        let pool = PackExecutor::with_spin(threads, Duration::from_micros(spin_us)).unwrap();
+        assert_eq!(pool.spin(), Duration::from_micros(spin_us));
+        // Back to back (workers still polling) and after a pause (workers asleep).
+        for (round, len) in [3 << 20, (1 << 20) + 5, 3 << 20, 77, (5 << 20) + 1].into_iter().enumerate() {
+            if round == 3 {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            let src = rng.bytes(len);
+            let mut dst = vec![0u8; len];
+            pool.copy(&src, &mut dst).unwrap();
+            assert!(src == dst, "threads {threads}, spin {spin_us} us, len {len}");
+        }
+        // Dropping joins the workers, whether they poll or sleep (a worker that kept
+        // polling would hang the test here).
+        drop(pool);
+    }
+    assert!(PackExecutor::with_spin(0, Duration::from_micros(10)).is_err());
+    assert_eq!(PackExecutor::new(2).unwrap().spin(), Duration::ZERO);
+}
+
+#[test]
 fn bad_ring_options() {
     assert!(SlotRing::new(Device::Host, RingOptions::new(0, 16)).is_err());
     assert!(SlotRing::new(Device::Host, RingOptions::new(2, 0)).is_err());

@@ -1,11 +1,12 @@
 //! The ring section: sustained throughput of a [`SlotRing`] for slot sizes, depths and fill
 //! threads, from pinned sources (the data is already in the slots) and pageable sources (the
-//! producer copies it in with a pack executor), against, in the same run:
+//! producer copies it in with a pack executor; for slots of 1-16 MiB also with the largest
+//! executor polling before it sleeps), against, in the same run:
 //! - one large pinned copy (the link's ceiling; on the host backend: a host-stream copy);
 //! - a direct copy from pageable memory (what a user does without the ring);
 //! - a parallel host memcpy with as many threads as the largest fill (the fill's ceiling).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use cuferry::ring::{PackExecutor, RingOptions, SlotLayout, SlotMeta, SlotRing};
 use cuferry::{copy, Device, DeviceBuffer, PinnedBuffer, Result, Stream};
@@ -17,6 +18,9 @@ use super::report::Row;
 const KIB: usize = 1 << 10;
 /// Fewest slots a timed pass streams.
 const MIN_ITEMS: usize = 16;
+/// How long idle fill threads poll in the rows that measure polling (the ring's own waiters
+/// poll this long).
+const FILL_SPIN: Duration = Duration::from_micros(50);
 const MIB: usize = 1 << 20;
 
 struct Sweep {
@@ -148,7 +152,8 @@ fn parallel_memcpy(device: Device, bytes: usize, threads: usize) -> Result<f64> 
 pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
     let sw = sweep(device, quick);
     let max_threads = sw.threads.iter().copied().max().unwrap_or(1);
-    let configs = sw.sizes.len() * sw.depths.len() * (1 + sw.threads.len()) + 3;
+    let spun = sw.sizes.iter().filter(|&&s| (MIB..=16 * MIB).contains(&s)).count();
+    let configs = sw.sizes.len() * sw.depths.len() * (1 + sw.threads.len()) + spun * sw.depths.len() + 3;
     let bar = ProgressBar::new(configs as u64).with_message("ring");
     if let Ok(style) = ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} {elapsed}") {
         bar.set_style(style);
@@ -182,15 +187,21 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
                 ceiling: Some((link_name.into(), link)),
                 baseline: None,
             });
-            for &threads in &sw.threads {
-                let pool = PackExecutor::new(threads)?;
+            // The executor as built by default, then (largest thread count, slots of 1-16 MiB
+            // where hand-offs weigh most) with workers that poll before they sleep.
+            let spinning = (MIB..=16 * MIB).contains(&slot).then_some((max_threads, FILL_SPIN));
+            let fills = sw.threads.iter().map(|&t| (t, Duration::ZERO)).chain(spinning);
+            for (threads, spin) in fills {
+                let pool = PackExecutor::with_spin(threads, spin)?;
                 let secs = stream(device, slot, depth, items, Some((&pool, &source)))?;
                 bar.inc(1);
+                let spinning =
+                    if spin.is_zero() { String::new() } else { format!(", polling {} us", spin.as_micros()) };
                 rows.push(Row {
                     section: "ring",
                     case: "pageable source".into(),
                     bytes: slot,
-                    params: format!("depth {depth}, {threads} fill threads"),
+                    params: format!("depth {depth}, {threads} fill threads{spinning}"),
                     value: gbps(items * slot, secs),
                     unit: "GB/s",
                     ceiling: Some((fill_ceiling_name.clone(), fill_ceiling)),
