@@ -4,17 +4,19 @@
 //! the host backend and, when a GPU is present, on CUDA.
 
 mod common;
+#[path = "ring_common/mod.rs"]
+mod ring_common;
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cuferry::ring::{
     ConsumerSlot, DType, PackExecutor, RingOptions, SlotLayout, SlotMeta, SlotRing, StreamTransferBackend,
-    TransferBackend, TransferCapabilities,
+    TransferBackend,
 };
 use cuferry::{copy_range, Device, DeviceBuffer, Error, PinnedBuffer, Stream};
+use ring_common::FlakyBackend;
 
 const SLOT: usize = 64 << 10;
 
@@ -356,84 +358,13 @@ on_both_backends! {
     release_orders_next_upload => release_orders_next_upload;
 }
 
-/// A backend whose every `fail_every`-th submission fails, wrapping the real one.
-struct FlakyBackend {
-    inner: StreamTransferBackend,
-    calls: AtomicUsize,
-    fail_every: usize,
-}
-
-impl TransferBackend for FlakyBackend {
-    fn capabilities(&self) -> TransferCapabilities {
-        self.inner.capabilities()
-    }
-    fn device(&self) -> Device {
-        self.inner.device()
-    }
-    fn allocate_host_slots(&mut self, count: usize, bytes: usize) -> cuferry::Result<()> {
-        self.inner.allocate_host_slots(count, bytes)
-    }
-    fn register_host_slots(&mut self, slots: Vec<Vec<u8>>) -> cuferry::Result<()> {
-        self.inner.register_host_slots(slots)
-    }
-    fn allocate_device_slots(&mut self, count: usize, bytes: usize) -> cuferry::Result<()> {
-        self.inner.allocate_device_slots(count, bytes)
-    }
-    fn host_slot_count(&self) -> usize {
-        self.inner.host_slot_count()
-    }
-    fn device_slot_count(&self) -> usize {
-        self.inner.device_slot_count()
-    }
-    fn slot_bytes(&self) -> usize {
-        self.inner.slot_bytes()
-    }
-    unsafe fn host_slot_mut(&self, host: usize) -> cuferry::Result<&mut [u8]> {
-        // SAFETY: forwarded with the caller's guarantees.
-        unsafe { self.inner.host_slot_mut(host) }
-    }
-    fn wait_host_slot(&self, host: usize) -> cuferry::Result<()> {
-        self.inner.wait_host_slot(host)
-    }
-    unsafe fn submit_upload(&self, host: usize, device: usize, bytes: usize) -> cuferry::Result<Duration> {
-        if self.calls.fetch_add(1, Ordering::SeqCst) % self.fail_every == self.fail_every - 1 {
-            return Err(Error::Unsupported { what: "injected submit failure".into() });
-        }
-        // SAFETY: forwarded with the caller's guarantees.
-        unsafe { self.inner.submit_upload(host, device, bytes) }
-    }
-    fn upload_device_ms(&self, device: usize) -> cuferry::Result<Option<f32>> {
-        self.inner.upload_device_ms(device)
-    }
-    fn ready_query(&self, device: usize) -> cuferry::Result<bool> {
-        self.inner.ready_query(device)
-    }
-    fn synchronize_ready(&self, device: usize) -> cuferry::Result<()> {
-        self.inner.synchronize_ready(device)
-    }
-    fn wait_stream_for_ready(&self, device: usize, stream: &Stream) -> cuferry::Result<()> {
-        self.inner.wait_stream_for_ready(device, stream)
-    }
-    fn release(&self, device: usize, stream: &Stream) -> cuferry::Result<()> {
-        self.inner.release(device, stream)
-    }
-    fn device_slot(&self, device: usize) -> cuferry::Result<&DeviceBuffer<u8>> {
-        self.inner.device_slot(device)
-    }
-    fn close(&self) -> cuferry::Result<()> {
-        self.inner.close()
-    }
-}
-
 /// A failed submission returns the error to its producer; the ring stays usable and never
 /// hands out the slot.
 fn failed_submissions(device: Device) {
     let mut inner = StreamTransferBackend::new(device, false).unwrap();
     inner.allocate_host_slots(2, SLOT).unwrap();
     inner.allocate_device_slots(2, SLOT).unwrap();
-    let ring =
-        SlotRing::with_backend(Box::new(FlakyBackend { inner, calls: AtomicUsize::new(0), fail_every: 4 }))
-            .unwrap();
+    let ring = SlotRing::with_backend(Box::new(FlakyBackend::new(inner, 4))).unwrap();
     let stream = Stream::new(device).unwrap();
     let delivered = Arc::new(Mutex::new(Vec::new()));
     for seq in 0..20u64 {

@@ -2,17 +2,22 @@
 //! parallel (one thread copies 7.5-12 GB/s; 16 reach 38.6 GB/s on the GPU machine).
 //!
 //! Rules:
+//! - Chunks go to one queue that every worker takes from. A thread waiting for its chunks
+//!   runs queued chunks itself first, so a copy never waits on a sleeping worker for a chunk
+//!   nobody has started.
 //! - [`PackExecutor::copy`] returns only when every chunk has been copied, so the borrowed
-//!   slices outlive the work; the calling thread copies one chunk itself.
-//! - Chunks are at least [`MIN_CHUNK`] bytes, so small copies stay on the calling thread.
-//! - A worker that cannot be reached (its thread is gone) has its chunk done by the caller;
-//!   nothing is skipped.
-//! - Dropping the executor stops and joins its threads.
+//!   slices outlive the work; the calling thread copies one chunk itself. Its chunks are at
+//!   least [`MIN_CHUNK`] bytes, so small copies stay on the calling thread.
+//! - Copies queued without waiting (the ring's pipelined fill, [`SlotRing::produce`]) are
+//!   crate-internal: whoever queues them keeps the memory alive until their latch is done.
+//! - Dropping the executor stops and joins its threads after the queued chunks.
 //! - With a spin time ([`PackExecutor::with_spin`]), idle workers poll for the next chunk and
 //!   the caller polls for the last one for that long before they sleep. Waking a sleeping
 //!   thread costs tens of microseconds in a VM, as much as copying a 256 KiB chunk; a ring
 //!   filling slot after slot hands chunks out faster than that. Spinning burns the CPU it
 //!   waits on, so it pays only with a core per thread. [`PackExecutor::new`] does not spin.
+//!
+//! [`SlotRing::produce`]: super::SlotRing::produce
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -23,13 +28,17 @@ use crossbeam_channel::{unbounded, Receiver, Sender, TryRecvError};
 
 use crate::error::{Error, Result};
 
-/// The smallest piece handed to a worker thread.
+/// The smallest piece [`PackExecutor::copy`] hands to a worker thread.
 pub const MIN_CHUNK: usize = 256 << 10;
+
+/// The smallest piece of a queued copy. Queued chunks wait in line while workers are busy,
+/// so they are not paid for with a wake-up each and can be smaller.
+pub(super) const MIN_QUEUED_CHUNK: usize = 64 << 10;
 
 /// Counts outstanding chunks of one copy. `remaining` is read without the lock while
 /// spinning; it is only decremented under the lock, so a waiter that checked it under the
 /// lock cannot miss the notification.
-struct Latch {
+pub(super) struct Latch {
     remaining: AtomicUsize,
     lock: Mutex<()>,
     done: Condvar,
@@ -38,6 +47,11 @@ struct Latch {
 impl Latch {
     fn new(count: usize) -> Self {
         Latch { remaining: AtomicUsize::new(count), lock: Mutex::new(()), done: Condvar::new() }
+    }
+
+    /// Whether every chunk is copied (the copies' writes are visible to the caller then).
+    pub(super) fn is_done(&self) -> bool {
+        self.remaining.load(Ordering::Acquire) == 0
     }
 
     fn count_down(&self) {
@@ -51,12 +65,12 @@ impl Latch {
     fn wait(&self, spin: Duration) {
         if !spin.is_zero() {
             let start = Instant::now();
-            while self.remaining.load(Ordering::Acquire) > 0 && start.elapsed() < spin {
+            while !self.is_done() && start.elapsed() < spin {
                 std::hint::spin_loop();
             }
         }
         let mut guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        while self.remaining.load(Ordering::Acquire) > 0 {
+        while !self.is_done() {
             guard = self.done.wait(guard).unwrap_or_else(|e| e.into_inner());
         }
     }
@@ -85,24 +99,43 @@ fn work(chunks: Receiver<Chunk>, spin: Duration) {
     }
 }
 
+/// One range to copy: `len` bytes from `src` to `dst`.
+#[derive(Clone, Copy)]
+pub(super) struct RawCopy {
+    pub(super) src: *const u8,
+    pub(super) dst: *mut u8,
+    pub(super) len: usize,
+}
+
 /// One chunk for a worker.
 struct Chunk {
-    src: *const u8,
-    dst: *mut u8,
-    len: usize,
+    range: RawCopy,
     latch: Arc<Latch>,
 }
 
-// SAFETY: the pointers name disjoint ranges of slices that `PackExecutor::copy` keeps borrowed
-// until the latch says every chunk is done, so sending them to a worker is sound.
+// SAFETY: the pointers name disjoint ranges that whoever queued the chunk keeps live and
+// unaliased until the latch says every chunk is done (`PackExecutor::copy` by blocking, the
+// pipelined fill by the contract of `PackExecutor::queue`), so sending them to a worker is
+// sound.
 unsafe impl Send for Chunk {}
 
 impl Chunk {
     fn run(self) {
         // SAFETY: see the `Send` impl: both ranges are live, `len` long, and disjoint.
-        unsafe { std::ptr::copy_nonoverlapping(self.src, self.dst, self.len) };
+        unsafe { std::ptr::copy_nonoverlapping(self.range.src, self.range.dst, self.range.len) };
         self.latch.count_down();
     }
+}
+
+/// Splits `range` into at most `pieces` chunks of 64-byte multiples (the last one shorter).
+fn split(range: RawCopy, pieces: usize) -> impl Iterator<Item = RawCopy> {
+    let len = range.len;
+    let chunk = len.div_ceil(pieces.max(1)).next_multiple_of(64).max(64);
+    (0..len).step_by(chunk).map(move |start| RawCopy {
+        src: range.src.wrapping_add(start),
+        dst: range.dst.wrapping_add(start),
+        len: chunk.min(len - start),
+    })
 }
 
 /// A pool of copy threads. See the [module docs](crate::ring).
@@ -119,7 +152,10 @@ impl Chunk {
 /// # Ok::<(), cuferry::Error>(())
 /// ```
 pub struct PackExecutor {
-    workers: Vec<Sender<Chunk>>,
+    /// The chunk queue; `None` once dropping.
+    queue: Option<Sender<Chunk>>,
+    /// The same queue, for waiting threads that run chunks themselves.
+    queued: Receiver<Chunk>,
     handles: Vec<JoinHandle<()>>,
     spin: Duration,
 }
@@ -150,18 +186,18 @@ impl PackExecutor {
         if threads == 0 {
             return Err(Error::invalid("a pack executor needs at least one thread"));
         }
-        let mut workers = Vec::with_capacity(threads - 1);
-        let mut handles = Vec::with_capacity(threads - 1);
+        let (tx, rx) = unbounded::<Chunk>();
+        let mut pool =
+            PackExecutor { queue: Some(tx), queued: rx, handles: Vec::with_capacity(threads - 1), spin };
         for i in 1..threads {
-            let (tx, rx) = unbounded::<Chunk>();
+            let chunks = pool.queued.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("cuferry-pack-{i}"))
-                .spawn(move || work(rx, spin))
+                .spawn(move || work(chunks, spin))
                 .map_err(|e| Error::unsupported(format!("cannot start a pack thread: {e}")))?;
-            workers.push(tx);
-            handles.push(handle);
+            pool.handles.push(handle);
         }
-        Ok(PackExecutor { workers, handles, spin })
+        Ok(pool)
     }
 
     /// How long idle threads poll before they sleep (zero: they sleep at once).
@@ -171,7 +207,7 @@ impl PackExecutor {
 
     /// Threads a copy may use, the caller's included.
     pub fn threads(&self) -> usize {
-        self.workers.len() + 1
+        self.handles.len() + 1
     }
 
     /// Copies `src` into `dst` in parallel chunks; returns when all are copied.
@@ -193,33 +229,82 @@ impl PackExecutor {
             dst.copy_from_slice(src);
             return Ok(());
         }
-        let chunk = len.div_ceil(pieces).next_multiple_of(64);
-        let starts: Vec<usize> = (1..pieces).map(|p| p * chunk).filter(|&s| s < len).collect();
-        let latch = Arc::new(Latch::new(starts.len()));
-        let (src_ptr, dst_ptr) = (src.as_ptr(), dst.as_mut_ptr());
-        for (worker, &start) in self.workers.iter().zip(&starts) {
-            let piece = Chunk {
-                src: src_ptr.wrapping_add(start),
-                dst: dst_ptr.wrapping_add(start),
-                len: chunk.min(len - start),
-                latch: Arc::clone(&latch),
-            };
-            if let Err(returned) = worker.send(piece) {
-                returned.into_inner().run();
+        let whole = RawCopy { src: src.as_ptr(), dst: dst.as_mut_ptr(), len };
+        let mut chunks = split(whole, pieces);
+        let Some(own) = chunks.next() else { return Ok(()) };
+        // SAFETY: the ranges are disjoint pieces of `src` and `dst`, borrowed (shared and
+        // exclusive) for this call, which returns only after the latch is done.
+        let latch = unsafe { self.queue(chunks) };
+        // The caller's own chunk goes through the same pointers (no new borrow of `dst`).
+        Chunk { range: own, latch: Arc::new(Latch::new(1)) }.run();
+        self.wait(&latch);
+        Ok(())
+    }
+
+    /// Queues `ranges` for the workers and returns the latch that counts them down. With no
+    /// workers the chunks wait for [`PackExecutor::wait`] to run them.
+    ///
+    /// # Safety
+    ///
+    /// Every range must be valid to read at `src` and to write at `dst` for `len` bytes,
+    /// disjoint from every other queued range, and not otherwise accessed until the returned
+    /// latch [is done](Latch::is_done).
+    pub(super) unsafe fn queue(&self, ranges: impl Iterator<Item = RawCopy>) -> Arc<Latch> {
+        let ranges: Vec<RawCopy> = ranges.collect();
+        let latch = Arc::new(Latch::new(ranges.len()));
+        for range in ranges {
+            let chunk = Chunk { range, latch: Arc::clone(&latch) };
+            match &self.queue {
+                // The executor holds a receiver, so a send cannot fail; were it to, the chunk
+                // comes back and is copied here.
+                Some(queue) => {
+                    if let Err(returned) = queue.send(chunk) {
+                        returned.into_inner().run();
+                    }
+                }
+                None => chunk.run(),
             }
         }
-        // The caller's own chunk goes through the same pointers (no new borrow of `dst`).
-        Chunk { src: src_ptr, dst: dst_ptr, len: chunk.min(len), latch: Arc::new(Latch::new(1)) }.run();
+        latch
+    }
+
+    /// Splits each of `ranges` into chunks of at least [`MIN_QUEUED_CHUNK`] bytes, one per
+    /// thread at most, and queues them all under one latch (see [`PackExecutor::queue`]).
+    ///
+    /// # Safety
+    ///
+    /// As [`PackExecutor::queue`], for every range.
+    pub(super) unsafe fn queue_split(&self, ranges: &[RawCopy]) -> Arc<Latch> {
+        let pieces = |len: usize| self.threads().min(len.div_ceil(MIN_QUEUED_CHUNK)).max(1);
+        // SAFETY: forwarded; the chunks are disjoint pieces of the caller's ranges.
+        unsafe { self.queue(ranges.iter().flat_map(|&r| split(r, pieces(r.len)))) }
+    }
+
+    /// Waits until `latch` is done, first copying queued chunks on this thread. A chunk of
+    /// another copy run here delays this one by that chunk only; the queue is first in,
+    /// first out, so this copy's own chunks are never behind an unbounded line.
+    pub(super) fn wait(&self, latch: &Latch) {
+        while !latch.is_done() {
+            match self.queued.try_recv() {
+                Ok(chunk) => chunk.run(),
+                Err(_) => break,
+            }
+        }
         latch.wait(self.spin);
-        Ok(())
     }
 }
 
 impl Drop for PackExecutor {
     fn drop(&mut self) {
-        self.workers.clear();
+        // Workers see the queue close once it is empty.
+        self.queue = None;
         for handle in self.handles.drain(..) {
             let _ = handle.join();
+        }
+        // With no workers, chunks nobody waited for are copied now (none are left when every
+        // queued copy was waited for, as the crate does).
+        while let Ok(chunk) = self.queued.try_recv() {
+            chunk.run();
         }
     }
 }

@@ -2,9 +2,9 @@
 //!
 //! A [`SlotRing`] has `depth` host slots and `depth` device slots over a [`TransferBackend`]
 //! (one copy stream; [`build_transfer_backend`] picks it for a device). Producers fill host
-//! slots (directly, or from pageable memory in parallel with a [`PackExecutor`]) and publish
-//! them; the ring uploads each on the copy stream; consumers take device slots in FIFO order
-//! and release them on their stream.
+//! slots (directly, or from pageable memory in parallel with a [`PackExecutor`]; many slots at
+//! once with [`SlotRing::produce`]) and publish them; the ring uploads each on the copy
+//! stream; consumers take device slots in FIFO order and release them on their stream.
 //!
 //! Rules (the seed left these to luck; here each is enforced):
 //! - A host slot is rewritten only after its upload finished (the producer's `acquire` waits).
@@ -18,6 +18,7 @@
 mod backend;
 mod executor;
 mod layout;
+mod produce;
 mod slot_ring;
 
 pub use backend::{
@@ -25,4 +26,5 @@ pub use backend::{
 };
 pub use executor::{PackExecutor, MIN_CHUNK};
 pub use layout::{ArrayLayout, DType, HasDType, SlotLayout, SlotMeta, SLOT_ALIGN};
+pub use produce::SlotFill;
 pub use slot_ring::{ConsumerSlot, ProducerSlot, RingOptions, RingStats, SlotRing, UploadTiming};

@@ -1,0 +1,85 @@
+//! Helpers shared by the ring tests (included with `#[path]`): a backend that fails
+//! submissions on purpose.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use cuferry::ring::{StreamTransferBackend, TransferBackend, TransferCapabilities};
+use cuferry::{Device, DeviceBuffer, Error, Stream};
+
+/// A backend whose every `fail_every`-th submission fails, wrapping the real one.
+pub struct FlakyBackend {
+    inner: StreamTransferBackend,
+    calls: AtomicUsize,
+    fail_every: usize,
+}
+
+impl FlakyBackend {
+    /// Wraps `inner`; its `fail_every`-th, `2 * fail_every`-th, ... submissions fail.
+    pub fn new(inner: StreamTransferBackend, fail_every: usize) -> Self {
+        FlakyBackend { inner, calls: AtomicUsize::new(0), fail_every }
+    }
+}
+
+impl TransferBackend for FlakyBackend {
+    fn capabilities(&self) -> TransferCapabilities {
+        self.inner.capabilities()
+    }
+    fn device(&self) -> Device {
+        self.inner.device()
+    }
+    fn allocate_host_slots(&mut self, count: usize, bytes: usize) -> cuferry::Result<()> {
+        self.inner.allocate_host_slots(count, bytes)
+    }
+    fn register_host_slots(&mut self, slots: Vec<Vec<u8>>) -> cuferry::Result<()> {
+        self.inner.register_host_slots(slots)
+    }
+    fn allocate_device_slots(&mut self, count: usize, bytes: usize) -> cuferry::Result<()> {
+        self.inner.allocate_device_slots(count, bytes)
+    }
+    fn host_slot_count(&self) -> usize {
+        self.inner.host_slot_count()
+    }
+    fn device_slot_count(&self) -> usize {
+        self.inner.device_slot_count()
+    }
+    fn slot_bytes(&self) -> usize {
+        self.inner.slot_bytes()
+    }
+    unsafe fn host_slot_mut(&self, host: usize) -> cuferry::Result<&mut [u8]> {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { self.inner.host_slot_mut(host) }
+    }
+    fn wait_host_slot(&self, host: usize) -> cuferry::Result<()> {
+        self.inner.wait_host_slot(host)
+    }
+    unsafe fn submit_upload(&self, host: usize, device: usize, bytes: usize) -> cuferry::Result<Duration> {
+        if self.calls.fetch_add(1, Ordering::SeqCst) % self.fail_every == self.fail_every - 1 {
+            return Err(Error::Unsupported { what: "injected submit failure".into() });
+        }
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { self.inner.submit_upload(host, device, bytes) }
+    }
+    fn upload_device_ms(&self, device: usize) -> cuferry::Result<Option<f32>> {
+        self.inner.upload_device_ms(device)
+    }
+    fn ready_query(&self, device: usize) -> cuferry::Result<bool> {
+        self.inner.ready_query(device)
+    }
+    fn synchronize_ready(&self, device: usize) -> cuferry::Result<()> {
+        self.inner.synchronize_ready(device)
+    }
+    fn wait_stream_for_ready(&self, device: usize, stream: &Stream) -> cuferry::Result<()> {
+        self.inner.wait_stream_for_ready(device, stream)
+    }
+    fn release(&self, device: usize, stream: &Stream) -> cuferry::Result<()> {
+        self.inner.release(device, stream)
+    }
+    fn device_slot(&self, device: usize) -> cuferry::Result<&DeviceBuffer<u8>> {
+        self.inner.device_slot(device)
+    }
+    fn close(&self) -> cuferry::Result<()> {
+        self.inner.close()
+    }
+}

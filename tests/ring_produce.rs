@@ -1,0 +1,333 @@
+//! `SlotRing::produce`, the pipelined fill from pageable memory, with real threads: items
+//! arrive in order with every piece's bytes checked against its source, for depths 1-8, fill
+//! windows 1..=depth and 1-4 executor threads; a consumer holding every slot at once does not
+//! deadlock it; bad items, a close, a failed submission and a panicking iterator each end it
+//! with a published prefix and no slot lost. Each runs on the host backend and, when a GPU is
+//! present, on CUDA.
+
+mod common;
+#[path = "ring_common/mod.rs"]
+mod ring_common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use cuferry::ring::{
+    ConsumerSlot, PackExecutor, RingOptions, SlotFill, SlotLayout, SlotMeta, SlotRing, StreamTransferBackend,
+    TransferBackend,
+};
+use cuferry::{copy_range, Device, Error, PinnedBuffer, Stream};
+use proptest::prelude::*;
+use ring_common::FlakyBackend;
+
+/// Slots of 256 KiB: pieces of up to 96 KiB split into several 64 KiB chunks.
+const SLOT: usize = 256 << 10;
+/// How long a consumer waits for an item before the test fails instead of hanging.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// One item: the bytes uploaded and the pieces (offset, data) copied into the slot.
+struct Item {
+    seq: u64,
+    bytes: usize,
+    pieces: Vec<(usize, Vec<u8>)>,
+}
+
+/// Item `seq` for slots of `slot` bytes: 1-4 pieces of random lengths, in random order, with
+/// random gaps between them, all inside its uploaded bytes.
+fn item(seq: u64, slot: usize) -> Item {
+    let mut rng = common::Rng::new(seq.wrapping_mul(31) ^ slot as u64);
+    let count = 1 + rng.below(4);
+    let room = slot / count;
+    let mut pieces = Vec::with_capacity(count);
+    for k in 0..count {
+        let len = 1 + rng.below(room.min(96 << 10) - 1);
+        let gap = rng.below(room - len);
+        pieces.push((k * room + gap, rng.bytes(len)));
+    }
+    let end = pieces.iter().map(|(o, d)| o + d.len()).max().unwrap_or(0);
+    let bytes = end + rng.below(slot - end + 1);
+    // A random order of pieces: the fill must not depend on it.
+    let turn = rng.below(count);
+    pieces.rotate_left(turn);
+    Item { seq, bytes, pieces }
+}
+
+fn items(count: u64, slot: usize) -> Vec<Item> {
+    (0..count).map(|seq| item(seq, slot)).collect()
+}
+
+fn fill(item: &Item) -> SlotFill<'_> {
+    let meta = SlotMeta { sequence: item.seq, bytes: item.bytes, layout: SlotLayout::bytes(item.bytes) };
+    item.pieces.iter().fold(SlotFill::new(meta), |f, (offset, data)| f.piece(*offset, data))
+}
+
+/// Checks a received slot: its metadata and, byte for byte, every piece of the item it names.
+fn check(slot: &ConsumerSlot, stream: &Stream, items: &[Item]) {
+    let want = &items[slot.meta().sequence as usize];
+    assert_eq!(slot.meta().bytes, want.bytes, "bytes of item {}", want.seq);
+    let buffer = slot.buffer().unwrap();
+    let got = if buffer.device().is_host() {
+        slot.host_bytes().unwrap().to_vec()
+    } else {
+        let mut out = PinnedBuffer::<u8>::zeroed(buffer.device(), want.bytes).unwrap();
+        copy_range(stream, buffer, 0, &mut out, 0, want.bytes).unwrap();
+        out.as_slice().unwrap().to_vec()
+    };
+    for (offset, data) in &want.pieces {
+        let range = *offset..offset + data.len();
+        assert!(got[range.clone()] == data[..], "item {}: bytes {range:?} differ (torn slot?)", want.seq);
+    }
+}
+
+/// Closes the ring when the consumer holding it panics, so the producer gets `Closed` instead
+/// of waiting forever for slots and the test fails rather than hangs.
+struct CloseOnPanic<'a>(&'a SlotRing);
+
+impl Drop for CloseOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.close();
+        }
+    }
+}
+
+/// Consumes `count` items in order on `device`, checking each; the items received.
+fn consume(ring: &SlotRing, device: Device, count: usize, items: &[Item]) -> Vec<u64> {
+    let _guard = CloseOnPanic(ring);
+    let stream = Stream::new(device).unwrap();
+    let mut seen = Vec::with_capacity(count);
+    for _ in 0..count {
+        let slot = ring.next_timeout(&stream, PATIENCE).unwrap();
+        assert_eq!(slot.meta().sequence, seen.len() as u64, "FIFO order");
+        check(&slot, &stream, items);
+        seen.push(slot.meta().sequence);
+    }
+    seen
+}
+
+/// Every item arrives once, in order, with its bytes, for depths, windows and thread counts;
+/// the consumer is sometimes the slow side.
+fn streams_every_byte_in_order(device: Device) {
+    let data = items(24, SLOT);
+    for (depth, ahead, threads, slow) in
+        [(1, 1, 1, false), (2, 2, 3, true), (4, 3, 4, false), (8, 8, 2, true), (3, 0, 3, false)]
+    {
+        let ring = SlotRing::new(device, RingOptions::new(depth, SLOT)).unwrap();
+        let pool = PackExecutor::new(threads).unwrap();
+        let seen = std::thread::scope(|s| {
+            let consumer = s.spawn(|| {
+                let _guard = CloseOnPanic(&ring);
+                let stream = Stream::new(device).unwrap();
+                let mut seen = Vec::new();
+                for expected in 0..data.len() as u64 {
+                    let slot = ring.next_timeout(&stream, PATIENCE).unwrap();
+                    assert_eq!(slot.meta().sequence, expected, "FIFO order");
+                    check(&slot, &stream, &data);
+                    seen.push(expected);
+                    if slow {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                }
+                seen
+            });
+            let published = ring.produce(&pool, ahead, data.iter().map(fill)).unwrap();
+            assert_eq!(published, data.len() as u64, "depth {depth}, ahead {ahead}, {threads} threads");
+            consumer.join().unwrap()
+        });
+        assert_eq!(seen.len(), data.len());
+        let stats = ring.stats();
+        assert_eq!((stats.published, stats.occupancy), (data.len() as u64, 0), "{stats:?}");
+        assert!(stats.high_water <= depth, "{stats:?}");
+    }
+}
+
+/// A consumer that holds every slot before releasing any: the producer must publish what it
+/// has filled rather than block holding it.
+fn consumer_holding_every_slot(device: Device) {
+    let depth = 3;
+    let data = items(15, SLOT);
+    let ring = SlotRing::new(device, RingOptions::new(depth, SLOT)).unwrap();
+    let pool = PackExecutor::new(2).unwrap();
+    std::thread::scope(|s| {
+        let producer = s.spawn(|| ring.produce(&pool, depth, data.iter().map(fill)));
+        let _guard = CloseOnPanic(&ring);
+        let stream = Stream::new(device).unwrap();
+        for round in 0..data.len() / depth {
+            let held: Vec<ConsumerSlot> =
+                (0..depth).map(|_| ring.next_timeout(&stream, PATIENCE).expect("deadlocked")).collect();
+            for (k, slot) in held.iter().enumerate() {
+                assert_eq!(slot.meta().sequence, (round * depth + k) as u64);
+                check(slot, &stream, &data);
+            }
+        }
+        assert_eq!(producer.join().unwrap().unwrap(), data.len() as u64);
+    });
+}
+
+/// An invalid item ends the call after the items before it are published; the ring stays
+/// usable.
+fn bad_items_end_with_a_published_prefix(device: Device) {
+    let data = items(10, SLOT);
+    let ring = SlotRing::new(device, RingOptions::new(8, SLOT)).unwrap();
+    let pool = PackExecutor::new(3).unwrap();
+    let past_end = vec![1u8; 16];
+    let overlap = vec![2u8; 64];
+    let bad: [(&str, SlotFill); 3] = [
+        ("a piece past the uploaded bytes", SlotFill::bytes(6, &past_end).piece(8, &past_end)),
+        (
+            "overlapping pieces",
+            SlotFill::new(SlotMeta::new(6, SlotLayout::bytes(256))).piece(0, &overlap).piece(32, &overlap),
+        ),
+        (
+            "more bytes than a slot",
+            SlotFill::new(SlotMeta { sequence: 6, bytes: SLOT + 1, layout: SlotLayout::new() }),
+        ),
+    ];
+    for (what, bad) in bad {
+        let fills = data[..6].iter().map(fill).chain([bad]).chain(data[7..].iter().map(fill));
+        match ring.produce(&pool, 4, fills) {
+            Err(Error::InvalidArgument { .. }) => {}
+            other => panic!("{what}: {other:?}"),
+        }
+        assert_eq!(consume(&ring, device, 6, &data), (0..6).collect::<Vec<_>>(), "{what}");
+        let stream = Stream::new(device).unwrap();
+        assert!(
+            matches!(ring.try_next(&stream), Err(Error::WouldBlock { .. })),
+            "{what}: more than the prefix"
+        );
+        assert_eq!(ring.stats().occupancy, 0, "{what}: slots leaked");
+    }
+    // Typed pieces are checked against the layout.
+    let layout = SlotLayout::new().with::<f32>(&[4]).unwrap();
+    let meta = SlotMeta::new(0, layout);
+    assert!(SlotFill::new(meta.clone()).array(0, &[1.0f32; 4]).is_ok());
+    assert!(SlotFill::new(meta.clone()).array(0, &[1.0f32; 3]).is_err());
+    assert!(SlotFill::new(meta.clone()).array(0, &[1.0f64; 4]).is_err());
+    assert!(SlotFill::new(meta).array(1, &[1.0f32; 4]).is_err());
+}
+
+/// Closing the ring mid-stream: the call returns `Closed`; the consumer drains an in-order
+/// prefix, every slot whole.
+fn close_mid_stream(device: Device) {
+    let data = items(40, SLOT);
+    let ring = SlotRing::new(device, RingOptions::new(4, SLOT)).unwrap();
+    let pool = PackExecutor::new(3).unwrap();
+    let seen = std::thread::scope(|s| {
+        let consumer = s.spawn(|| {
+            let _guard = CloseOnPanic(&ring);
+            let stream = Stream::new(device).unwrap();
+            let mut seen = Vec::new();
+            loop {
+                match ring.next_timeout(&stream, PATIENCE) {
+                    Ok(slot) => {
+                        check(&slot, &stream, &data);
+                        seen.push(slot.meta().sequence);
+                        if seen.len() == 5 {
+                            ring.close();
+                        }
+                    }
+                    Err(Error::Closed { .. }) => return seen,
+                    Err(e) => panic!("unexpected {e:?}"),
+                }
+            }
+        });
+        let produced = ring.produce(&pool, 3, data.iter().map(fill));
+        assert!(matches!(produced, Err(Error::Closed { .. })), "{produced:?}");
+        consumer.join().unwrap()
+    });
+    assert!(seen.len() >= 5 && seen.len() < data.len(), "{seen:?}");
+    assert_eq!(seen, (0..seen.len() as u64).collect::<Vec<_>>(), "not an in-order prefix");
+    assert_eq!(ring.stats().occupancy, 0);
+}
+
+/// A failed submission ends the call with its error; what was published is a prefix, the
+/// failed slot and the later fills go back, and the ring takes the rest afterwards.
+fn failed_submission(device: Device) {
+    let data = items(12, SLOT);
+    let mut inner = StreamTransferBackend::new(device, false).unwrap();
+    inner.allocate_host_slots(4, SLOT).unwrap();
+    inner.allocate_device_slots(4, SLOT).unwrap();
+    let ring = SlotRing::with_backend(Box::new(FlakyBackend::new(inner, 4))).unwrap();
+    let pool = PackExecutor::new(3).unwrap();
+    match ring.produce(&pool, 3, data.iter().map(fill)) {
+        Err(Error::Unsupported { what }) => assert!(what.contains("injected")),
+        other => panic!("unexpected {other:?}"),
+    }
+    assert_eq!(ring.stats().published, 3);
+    assert_eq!(consume(&ring, device, 3, &data), vec![0, 1, 2]);
+    assert_eq!(ring.stats().occupancy, 0, "the failed or pending slots leaked");
+    // Items 3.. again: the 8th submission (item 6) fails next.
+    let rest = ring.produce(&pool, 3, data[3..].iter().map(fill));
+    assert!(matches!(rest, Err(Error::Unsupported { .. })), "{rest:?}");
+    let stream = Stream::new(device).unwrap();
+    for seq in 3..6 {
+        let slot = ring.next_timeout(&stream, PATIENCE).unwrap();
+        assert_eq!(slot.meta().sequence, seq);
+        check(&slot, &stream, &data);
+    }
+    assert!(matches!(ring.try_next(&stream), Err(Error::WouldBlock { .. })));
+}
+
+/// An iterator that panics mid-stream: the call unwinds only after its queued copies finish,
+/// its unpublished slots go back, and the ring keeps working.
+fn panicking_iterator(device: Device) {
+    let data = items(8, SLOT);
+    let ring = SlotRing::new(device, RingOptions::new(8, SLOT)).unwrap();
+    let pool = PackExecutor::new(3).unwrap();
+    let unwound = AtomicBool::new(false);
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let fills = data.iter().enumerate().map(|(i, item)| {
+            if i == 5 {
+                unwound.store(true, Ordering::SeqCst);
+                panic!("the batch loader failed");
+            }
+            fill(item)
+        });
+        ring.produce(&pool, 4, fills)
+    }));
+    assert!(result.is_err() && unwound.load(Ordering::SeqCst));
+    let published = ring.stats().published as usize;
+    assert!(published <= 5);
+    assert_eq!(ring.stats().occupancy, published, "unpublished slots were not returned");
+    assert_eq!(consume(&ring, device, published, &data).len(), published);
+    // The ring and the executor still work.
+    let again = items(3, SLOT);
+    assert_eq!(ring.produce(&pool, 2, again.iter().map(fill)).unwrap(), 3);
+    assert_eq!(consume(&ring, device, 3, &again), vec![0, 1, 2]);
+}
+
+on_both_backends! {
+    streams_every_byte_in_order => streams_every_byte_in_order;
+    consumer_holding_every_slot => consumer_holding_every_slot;
+    bad_items_end_with_a_published_prefix => bad_items_end_with_a_published_prefix;
+    close_mid_stream => close_mid_stream;
+    failed_submission => failed_submission;
+    panicking_iterator => panicking_iterator;
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Random rings, windows, thread counts and slot sizes on the host backend: every piece
+    /// arrives intact and in order.
+    #[test]
+    fn random_pipelines(
+        depth in 1usize..6,
+        ahead in 0usize..8,
+        threads in 1usize..5,
+        slot_kib in prop::sample::select(vec![4usize, 64, 200, 512]),
+        count in 1u64..14,
+    ) {
+        let slot = slot_kib << 10;
+        let data = items(count, slot);
+        let ring = SlotRing::new(Device::Host, RingOptions::new(depth, slot)).unwrap();
+        let pool = PackExecutor::new(threads).unwrap();
+        let seen = std::thread::scope(|s| {
+            let consumer = s.spawn(|| consume(&ring, Device::Host, data.len(), &data));
+            prop_assert_eq!(ring.produce(&pool, ahead, data.iter().map(fill)).unwrap(), count);
+            Ok(consumer.join().unwrap())
+        })?;
+        prop_assert_eq!(seen.len() as u64, count);
+        prop_assert_eq!(ring.stats().occupancy, 0);
+    }
+}
