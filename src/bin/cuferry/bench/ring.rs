@@ -1,14 +1,18 @@
 //! The ring section: sustained throughput of a [`SlotRing`] for slot sizes, depths and fill
-//! threads, from pinned sources (the data is already in the slots) and pageable sources (the
-//! producer copies it in with a pack executor; for slots of 1-16 MiB also with the largest
-//! executor polling before it sleeps), against, in the same run:
+//! threads, from pinned sources (the data is already in the slots) and pageable sources,
+//! against, in the same run:
 //! - one large pinned copy (the link's ceiling; on the host backend: a host-stream copy);
 //! - a direct copy from pageable memory (what a user does without the ring);
 //! - a parallel host memcpy with as many threads as the largest fill (the fill's ceiling).
+//!
+//! Pageable sources are copied in three ways:
+//! - slot by slot with [`ProducerSlot::fill_from`](cuferry::ring::ProducerSlot::fill_from);
+//! - the same with the largest executor polling before it sleeps (slots of 1-16 MiB);
+//! - pipelined, [`SlotRing::produce`] filling up to `depth` slots at once.
 
 use std::time::{Duration, Instant};
 
-use cuferry::ring::{PackExecutor, RingOptions, SlotLayout, SlotMeta, SlotRing};
+use cuferry::ring::{PackExecutor, RingOptions, SlotFill, SlotLayout, SlotMeta, SlotRing};
 use cuferry::{copy, Device, DeviceBuffer, PinnedBuffer, Result, Stream};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -54,16 +58,27 @@ fn sweep(device: Device, quick: bool) -> Sweep {
 /// between single passes on a VM).
 const PASSES: usize = 3;
 
+/// Where a producer's data comes from.
+#[derive(Clone, Copy)]
+enum Fill<'a> {
+    /// Already in the slots (a pinned source).
+    Pinned,
+    /// Copied from successive windows of a pageable source, one slot at a time.
+    SlotBySlot(&'a PackExecutor, &'a [u8]),
+    /// The same windows, copied by [`SlotRing::produce`] up to `depth` slots at once.
+    Pipelined(&'a PackExecutor, &'a [u8]),
+}
+
+/// The `i`-th window of `slot` bytes of `source` (wrapping around).
+fn window(source: &[u8], slot: usize, i: usize) -> &[u8] {
+    let windows = (source.len() / slot).max(1);
+    let off = (i % windows) * slot;
+    &source[off..off + slot]
+}
+
 /// Streams `items` slots of `slot` bytes through a fresh ring, [`PASSES`] times after an
-/// untimed round; returns the median seconds of a pass. With `fill`, the producer copies each
-/// slot from successive windows of a pageable source.
-fn stream(
-    device: Device,
-    slot: usize,
-    depth: usize,
-    items: usize,
-    fill: Option<(&PackExecutor, &[u8])>,
-) -> Result<f64> {
+/// untimed round; returns the median seconds of a pass.
+fn stream(device: Device, slot: usize, depth: usize, items: usize, fill: Fill) -> Result<f64> {
     let ring = SlotRing::new(device, RingOptions::new(depth, slot))?;
     let consumer = Stream::new(device)?;
     let drain = || -> Result<()> {
@@ -86,21 +101,17 @@ fn stream(
     Ok(times[times.len() / 2])
 }
 
-fn run_items(
-    ring: &SlotRing,
-    consumer: &Stream,
-    slot: usize,
-    items: usize,
-    fill: Option<(&PackExecutor, &[u8])>,
-) -> Result<()> {
+fn run_items(ring: &SlotRing, consumer: &Stream, slot: usize, items: usize, fill: Fill) -> Result<()> {
     std::thread::scope(|scope| {
         let producer = scope.spawn(|| -> Result<()> {
+            if let Fill::Pipelined(pool, source) = fill {
+                let fills = (0..items).map(|i| SlotFill::bytes(i as u64, window(source, slot, i)));
+                return ring.produce(pool, ring.depth(), fills).map(drop);
+            }
             for i in 0..items {
                 let mut s = ring.acquire()?;
-                if let Some((pool, source)) = fill {
-                    let windows = (source.len() / slot).max(1);
-                    let off = (i % windows) * slot;
-                    s.fill_from(pool, 0, &source[off..off + slot])?;
+                if let Fill::SlotBySlot(pool, source) = fill {
+                    s.fill_from(pool, 0, window(source, slot, i))?;
                 }
                 s.publish(SlotMeta { sequence: i as u64, bytes: slot, layout: SlotLayout::bytes(slot) })?;
             }
@@ -153,7 +164,7 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
     let sw = sweep(device, quick);
     let max_threads = sw.threads.iter().copied().max().unwrap_or(1);
     let spun = sw.sizes.iter().filter(|&&s| (MIB..=16 * MIB).contains(&s)).count();
-    let configs = sw.sizes.len() * sw.depths.len() * (1 + sw.threads.len()) + spun * sw.depths.len() + 3;
+    let configs = sw.sizes.len() * sw.depths.len() * (1 + 2 * sw.threads.len()) + spun * sw.depths.len() + 3;
     let bar = ProgressBar::new(configs as u64).with_message("ring");
     if let Ok(style) = ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} {elapsed}") {
         bar.set_style(style);
@@ -175,7 +186,7 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
             // At least 16 slots a pass: a pass starts with one fill and ends with one upload
             // that nothing overlaps, (items + 1) / items of the steady state.
             let items = (sw.total / slot).max(2 * depth + 2).max(MIN_ITEMS);
-            let secs = stream(device, slot, depth, items, None)?;
+            let secs = stream(device, slot, depth, items, Fill::Pinned)?;
             bar.inc(1);
             rows.push(Row {
                 section: "ring",
@@ -188,20 +199,34 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
                 baseline: None,
             });
             // The executor as built by default, then (largest thread count, slots of 1-16 MiB
-            // where hand-offs weigh most) with workers that poll before they sleep.
-            let spinning = (MIB..=16 * MIB).contains(&slot).then_some((max_threads, FILL_SPIN));
-            let fills = sw.threads.iter().map(|&t| (t, Duration::ZERO)).chain(spinning);
-            for (threads, spin) in fills {
+            // where hand-offs weigh most) with workers that poll before they sleep; then the
+            // pipelined fill for every thread count.
+            let spinning = (MIB..=16 * MIB).contains(&slot).then_some((max_threads, FILL_SPIN, false));
+            let fills = sw
+                .threads
+                .iter()
+                .map(|&t| (t, Duration::ZERO, false))
+                .chain(spinning)
+                .chain(sw.threads.iter().map(|&t| (t, Duration::ZERO, true)));
+            for (threads, spin, pipelined) in fills {
                 let pool = PackExecutor::with_spin(threads, spin)?;
-                let secs = stream(device, slot, depth, items, Some((&pool, &source)))?;
+                let fill = if pipelined {
+                    Fill::Pipelined(&pool, &source)
+                } else {
+                    Fill::SlotBySlot(&pool, &source)
+                };
+                let secs = stream(device, slot, depth, items, fill)?;
                 bar.inc(1);
-                let spinning =
-                    if spin.is_zero() { String::new() } else { format!(", polling {} us", spin.as_micros()) };
+                let how = match (pipelined, spin.is_zero()) {
+                    (true, _) => ", pipelined".to_string(),
+                    (false, false) => format!(", polling {} us", spin.as_micros()),
+                    (false, true) => String::new(),
+                };
                 rows.push(Row {
                     section: "ring",
                     case: "pageable source".into(),
                     bytes: slot,
-                    params: format!("depth {depth}, {threads} fill threads{spinning}"),
+                    params: format!("depth {depth}, {threads} fill threads{how}"),
                     value: gbps(items * slot, secs),
                     unit: "GB/s",
                     ceiling: Some((fill_ceiling_name.clone(), fill_ceiling)),
