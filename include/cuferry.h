@@ -136,6 +136,21 @@ typedef struct CuferryBuffer CuferryBuffer;
 typedef struct CuferryHaloPacker CuferryHaloPacker;
 
 /**
+ * A slot ring and the pack executor of its pipelined fill (opaque).
+ */
+typedef struct CuferryRing CuferryRing;
+
+/**
+ * A published slot handed to a consumer (opaque).
+ */
+typedef struct CuferryRingItem CuferryRingItem;
+
+/**
+ * A host slot held by a producer (opaque).
+ */
+typedef struct CuferryRingSlot CuferryRingSlot;
+
+/**
  * A cuferry stream (opaque).
  */
 typedef struct CuferryStream CuferryStream;
@@ -226,6 +241,32 @@ typedef struct CuferryPoolStats {
    */
   uint64_t used_high;
 } CuferryPoolStats;
+
+/**
+ * A ring's counters.
+ */
+typedef struct CuferryRingStats {
+  /**
+   * Device slots reserved or published and not yet released.
+   */
+  size_t occupancy;
+  /**
+   * The most device slots in use at once.
+   */
+  size_t high_water;
+  /**
+   * Times a producer found no free slot.
+   */
+  uint64_t producer_waits;
+  /**
+   * Slots published.
+   */
+  uint64_t published;
+  /**
+   * Bytes published.
+   */
+  uint64_t bytes;
+} CuferryRingStats;
 
 #ifdef __cplusplus
 extern "C" {
@@ -524,6 +565,140 @@ enum CuferryStatus cuferry_managed_pool_stats(int32_t device, struct CuferryPool
  * `kind` is NULL or valid for writing an `int32_t`.
  */
 enum CuferryStatus cuferry_managed_pool_kind(int32_t device, int32_t *kind);
+
+/**
+ * Creates a ring of `depth` slots of `slot_bytes` bytes on `device` in `*out`, with
+ * `fill_threads` threads (at least 1) for `cuferry_ring_produce`.
+ *
+ * # Safety
+ *
+ * `out` is NULL or valid for writing a pointer.
+ */
+enum CuferryStatus cuferry_ring_create(int32_t device,
+                                       size_t depth,
+                                       size_t slot_bytes,
+                                       size_t fill_threads,
+                                       struct CuferryRing **out);
+
+/**
+ * Closes and destroys a ring (NULL is rejected). Slot and item handles still held stay valid
+ * until consumed.
+ *
+ * # Safety
+ *
+ * `ring` is NULL or a live ring with no call on it in progress, not used again.
+ */
+enum CuferryStatus cuferry_ring_destroy(struct CuferryRing *ring);
+
+/**
+ * Closes a ring: producers then get `CUFERRY_STATUS_CLOSED`; consumers drain what was
+ * published, then get it too.
+ *
+ * # Safety
+ *
+ * `ring` is NULL or a live ring.
+ */
+enum CuferryStatus cuferry_ring_close(const struct CuferryRing *ring);
+
+/**
+ * Takes a free host slot in `*slot` and its address in `*host` (`slot_bytes` writable bytes),
+ * waiting per `timeout_us`.
+ *
+ * # Safety
+ *
+ * `ring` is NULL or a live ring; `slot` and `host` are NULL or valid for writing a pointer.
+ */
+enum CuferryStatus cuferry_ring_acquire(const struct CuferryRing *ring,
+                                        int64_t timeout_us,
+                                        struct CuferryRingSlot **slot,
+                                        void **host);
+
+/**
+ * Publishes the first `bytes` bytes of a slot as item `sequence`: queues its upload and puts
+ * it in the FIFO. Consumes the handle (on failure the slot goes back unpublished).
+ *
+ * # Safety
+ *
+ * `slot` is NULL or a live slot handle, not used again.
+ */
+enum CuferryStatus cuferry_ring_publish(struct CuferryRingSlot *slot,
+                                        uint64_t sequence,
+                                        size_t bytes);
+
+/**
+ * Gives a slot back unpublished. Consumes the handle.
+ *
+ * # Safety
+ *
+ * `slot` is NULL or a live slot handle, not used again.
+ */
+enum CuferryStatus cuferry_ring_abandon(struct CuferryRingSlot *slot);
+
+/**
+ * Copies `n` items from pageable memory into slots and publishes them in order, filling up
+ * to `ahead` slots at once on the ring's fill threads (`SlotRing::produce`). Item `i` is
+ * `lengths[i]` bytes at `sources[i]`, published as sequence `sequences[i]`. Returns when every
+ * copy is done: on success all `n` are published; on failure the items published are a
+ * prefix (`cuferry_ring_stats` counts them) and no slot is published half-filled.
+ *
+ * # Safety
+ *
+ * `ring` is NULL or a live ring; `sequences`, `sources` and `lengths` hold `n` elements;
+ * each `sources[i]` is readable for `lengths[i]` bytes (NULL allowed when 0) and not written
+ * during the call.
+ */
+enum CuferryStatus cuferry_ring_produce(const struct CuferryRing *ring,
+                                        const uint64_t *sequences,
+                                        const void *const *sources,
+                                        const size_t *lengths,
+                                        size_t n,
+                                        size_t ahead);
+
+/**
+ * The next published item in `*item`, in publish order, waiting per `timeout_us`; `stream`
+ * (the consumer's) is ordered after its upload, and its release is recorded on it.
+ *
+ * # Safety
+ *
+ * `ring` and `stream` are NULL or live handles; `item` is NULL or valid for writing a
+ * pointer.
+ */
+enum CuferryStatus cuferry_ring_next(const struct CuferryRing *ring,
+                                     const struct CuferryStream *stream,
+                                     int64_t timeout_us,
+                                     struct CuferryRingItem **item);
+
+/**
+ * An item's device address, sequence id and byte count (any out-parameter may be NULL to
+ * skip it).
+ *
+ * # Safety
+ *
+ * `item` is NULL or a live item handle; each out-parameter is NULL or valid for writing.
+ */
+enum CuferryStatus cuferry_ring_item_info(const struct CuferryRingItem *item,
+                                          void **device,
+                                          uint64_t *sequence,
+                                          size_t *bytes);
+
+/**
+ * Releases an item on the stream it was taken with: the slot's next upload waits for the
+ * work queued there so far. Consumes the handle.
+ *
+ * # Safety
+ *
+ * `item` is NULL or a live item handle, not used again.
+ */
+enum CuferryStatus cuferry_ring_release(struct CuferryRingItem *item);
+
+/**
+ * The ring's counters in `*out`.
+ *
+ * # Safety
+ *
+ * `ring` is NULL or a live ring; `out` is NULL or valid for writing a `CuferryRingStats`.
+ */
+enum CuferryStatus cuferry_ring_stats(const struct CuferryRing *ring, struct CuferryRingStats *out);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -43,7 +43,20 @@ fn build_consumer(tag: &str) -> Option<PathBuf> {
 
 fn run_consumer(device: i32) {
     let Some(exe) = build_consumer(&device.to_string()) else { return };
-    let out = Command::new(&exe).arg(device.to_string()).output().expect("run the C consumer");
+    // The rpath is a RUNPATH, which LD_LIBRARY_PATH overrides, and `cargo test` puts
+    // target/debug there, where a stale libcuferry.so from an earlier `cargo build` may lie:
+    // put the fresh one first.
+    let lib = common::cdylib_dir();
+    let search = match std::env::var_os("LD_LIBRARY_PATH") {
+        Some(rest) => std::env::join_paths(std::iter::once(lib).chain(std::env::split_paths(&rest))),
+        None => Ok(lib.into_os_string()),
+    }
+    .expect("a library path");
+    let out = Command::new(&exe)
+        .arg(device.to_string())
+        .env("LD_LIBRARY_PATH", search)
+        .output()
+        .expect("run the C consumer");
     let _ = std::fs::remove_file(&exe);
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "C consumer on device {device} failed:\n{text}");

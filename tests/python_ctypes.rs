@@ -1,13 +1,15 @@
-//! cuferry's C ABI from Python via ctypes (tests/python/ctypes_roundtrip.py), on the host
-//! backend and, when present, on CUDA. SKIP without python3.
+//! cuferry's C ABI from Python via ctypes, on the host backend and, when present, on CUDA:
+//! a buffer round trip (tests/python/ctypes_roundtrip.py) and batches streamed through the slot
+//! ring by a producer thread (tests/python/ring_ctypes.py). SKIP without python3.
 
 mod common;
 
 use std::process::Command;
 
-fn run(device: i32) {
+/// Runs `script` on `device`; its output must contain `passed`.
+fn run(script: &str, device: i32, passed: &str) {
     let lib = common::cdylib_dir().join("libcuferry.so");
-    let script = common::c_sources().join("tests/python/ctypes_roundtrip.py");
+    let script = common::c_sources().join("tests/python").join(script);
     if !lib.exists() || !script.exists() {
         println!("SKIP: {} or {} missing", lib.display(), script.display());
         return;
@@ -20,17 +22,34 @@ fn run(device: i32) {
         }
     };
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && text.contains("round trip passed"), "python on device {device}:\n{text}");
+    assert!(
+        out.status.success() && text.contains(passed),
+        "{} on device {device}:\n{text}",
+        script.display()
+    );
+    println!("{text}");
 }
 
 #[test]
 fn python_ctypes_on_host() {
-    run(-1);
+    run("ctypes_roundtrip.py", -1, "round trip passed");
 }
 
 #[test]
 fn python_ctypes_on_cuda() {
     if common::cuda_device().is_some() {
-        run(0);
+        run("ctypes_roundtrip.py", 0, "round trip passed");
+    }
+}
+
+#[test]
+fn python_ring_on_host() {
+    run("ring_ctypes.py", -1, "python ring passed");
+}
+
+#[test]
+fn python_ring_on_cuda() {
+    if common::cuda_device().is_some() {
+        run("ring_ctypes.py", 0, "python ring passed");
     }
 }

@@ -12,7 +12,7 @@
 use std::ffi::c_void;
 use std::ops::Range;
 
-use super::{device_of, guard, handle, write_out, BufferMemory, CuferryBuffer, CuferryStatus};
+use super::{device_of, guard, handle, slice_of, write_out, BufferMemory, CuferryBuffer, CuferryStatus};
 use crate::error::{Error, Result};
 use crate::halo::{ElementType, HaloExchange, HaloPacker, HaloSpec, HorizontalDims};
 use crate::memory::DeviceBuffer;
@@ -85,22 +85,6 @@ fn exchange_of(e: &CuferryHaloExchange) -> Result<HaloExchange> {
         e.rotation,
         &region(&e.unpack_start, &e.unpack_end),
     )
-}
-
-/// Reads `n` C structs or handles.
-///
-/// # Safety
-///
-/// `ptr` is NULL only when `n` is 0, else it holds `n` readable elements.
-unsafe fn slice_of<'a, T>(ptr: *const T, n: usize, what: &str) -> Result<&'a [T]> {
-    if n == 0 {
-        return Ok(&[]);
-    }
-    if ptr.is_null() {
-        return Err(Error::invalid(format!("{what} is NULL")));
-    }
-    // SAFETY: the caller's contract: `n` readable elements.
-    Ok(unsafe { std::slice::from_raw_parts(ptr, n) })
 }
 
 /// Creates a packer for `n` exchanges on `device` in `*out`.

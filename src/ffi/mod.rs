@@ -16,9 +16,11 @@
 
 mod halo;
 mod managed;
+mod ring;
 
 pub use halo::*;
 pub use managed::*;
+pub use ring::*;
 
 use std::cell::RefCell;
 use std::ffi::{c_char, c_void, CString};
@@ -152,6 +154,22 @@ pub(crate) unsafe fn write_out<T>(out: *mut T, value: T) -> Result<()> {
     // SAFETY: precondition 1 and the NULL check.
     unsafe { out.write(value) };
     Ok(())
+}
+
+/// Reads `n` C structs or handles.
+///
+/// # Safety
+///
+/// `ptr` is NULL only when `n` is 0, else it holds `n` readable elements.
+pub(crate) unsafe fn slice_of<'a, T>(ptr: *const T, n: usize, what: &str) -> Result<&'a [T]> {
+    if n == 0 {
+        return Ok(&[]);
+    }
+    if ptr.is_null() {
+        return Err(Error::invalid(format!("{what} is NULL")));
+    }
+    // SAFETY: the caller's contract: `n` readable elements.
+    Ok(unsafe { std::slice::from_raw_parts(ptr, n) })
 }
 
 /// The library version, e.g. "0.1.0" (static, never NULL).

@@ -175,6 +175,91 @@ int main(int argc, char **argv) {
     OK(cuferry_buffer_free(grid));
   }
 
+  /* The slot ring: publish by hand, abandon, the pipelined produce, FIFO order, timeouts,
+   * backpressure, bad arguments, close. Bytes are checked on the host backend, where an
+   * item's memory is host memory; on CUDA only the protocol (Python checks bytes there). */
+  {
+    const size_t slot_bytes = 4096;
+    CuferryRing *ring = NULL;
+    OK(cuferry_ring_create(device, 4, slot_bytes, 2, &ring));
+    CuferryRing *no_ring = NULL;
+    CHECK(cuferry_ring_create(device, 0, slot_bytes, 2, &no_ring) == CUFERRY_STATUS_INVALID_ARGUMENT && no_ring == NULL);
+    CuferryRingSlot *slot = NULL;
+    void *host = NULL;
+    OK(cuferry_ring_acquire(ring, 0, &slot, &host));
+    CHECK(slot != NULL && host != NULL);
+    for (int i = 0; i < 100; i++) ((unsigned char *)host)[i] = (unsigned char)(i * 7 + 1);
+    OK(cuferry_ring_publish(slot, 1, 100));
+    OK(cuferry_ring_acquire(ring, -1, &slot, &host));
+    OK(cuferry_ring_abandon(slot)); /* never handed out */
+    static unsigned char sources[3][3000];
+    const void *source_ptrs[3];
+    uint64_t sequences[3];
+    size_t lengths[3];
+    for (int k = 0; k < 3; k++) {
+      for (int i = 0; i < 3000; i++) sources[k][i] = (unsigned char)(i * (k + 3) + k);
+      source_ptrs[k] = sources[k];
+      sequences[k] = 10 + (uint64_t)k;
+      lengths[k] = 1000 * (size_t)(k + 1);
+    }
+    OK(cuferry_ring_produce(ring, sequences, source_ptrs, lengths, 3, 2));
+    CuferryRingStats stats;
+    OK(cuferry_ring_stats(ring, &stats));
+    CHECK(stats.published == 4 && stats.occupancy == 4 && stats.bytes == 100 + 1000 + 2000 + 3000);
+    /* Full: no slot for a producer until a consumer releases one. */
+    CHECK(cuferry_ring_acquire(ring, 0, &slot, &host) == CUFERRY_STATUS_WOULD_BLOCK);
+    CHECK(cuferry_ring_acquire(ring, 2000, &slot, &host) == CUFERRY_STATUS_TIMEOUT);
+    const uint64_t want_seq[4] = {1, 10, 11, 12};
+    const size_t want_bytes[4] = {100, 1000, 2000, 3000};
+    for (int k = 0; k < 4; k++) {
+      CuferryRingItem *item = NULL;
+      OK(cuferry_ring_next(ring, stream, -1, &item));
+      void *dptr = NULL;
+      uint64_t seq = 0;
+      size_t bytes = 0;
+      OK(cuferry_ring_item_info(item, &dptr, &seq, &bytes));
+      CHECK(dptr != NULL && seq == want_seq[k] && bytes == want_bytes[k]);
+      if (device == CUFERRY_HOST) {
+        OK(cuferry_stream_synchronize(stream));
+        const unsigned char *got = dptr;
+        int same = 1;
+        for (size_t i = 0; i < bytes; i++) {
+          unsigned char want = k == 0 ? (unsigned char)(i * 7 + 1) : sources[k - 1][i];
+          same &= got[i] == want;
+        }
+        CHECK(same);
+      }
+      OK(cuferry_ring_release(item));
+    }
+    CuferryRingItem *item = NULL;
+    CHECK(cuferry_ring_next(ring, stream, 0, &item) == CUFERRY_STATUS_WOULD_BLOCK && item == NULL);
+    CHECK(cuferry_ring_next(ring, stream, 2000, &item) == CUFERRY_STATUS_TIMEOUT);
+    OK(cuferry_ring_stats(ring, &stats));
+    CHECK(stats.occupancy == 0 && stats.high_water == 4);
+    /* Bad arguments: NULL handles, too many bytes (the slot goes back), an overflowing item. */
+    CHECK(cuferry_ring_publish(NULL, 0, 1) == CUFERRY_STATUS_INVALID_ARGUMENT);
+    CHECK(cuferry_ring_acquire(ring, 0, NULL, &host) == CUFERRY_STATUS_INVALID_ARGUMENT);
+    CHECK(cuferry_ring_next(NULL, stream, 0, &item) == CUFERRY_STATUS_INVALID_ARGUMENT);
+    OK(cuferry_ring_acquire(ring, 0, &slot, &host));
+    CHECK(cuferry_ring_publish(slot, 5, slot_bytes + 1) == CUFERRY_STATUS_INVALID_ARGUMENT);
+    size_t too_long = slot_bytes + 1;
+    CHECK(cuferry_ring_produce(ring, sequences, source_ptrs, &too_long, 1, 1) == CUFERRY_STATUS_INVALID_ARGUMENT);
+    OK(cuferry_ring_stats(ring, &stats));
+    CHECK(stats.occupancy == 0 && stats.published == 4);
+    /* Close: producers get CLOSED; consumers drain, then get CLOSED. */
+    OK(cuferry_ring_acquire(ring, 0, &slot, &host));
+    OK(cuferry_ring_publish(slot, 99, 8));
+    OK(cuferry_ring_close(ring));
+    CHECK(cuferry_ring_acquire(ring, -1, &slot, &host) == CUFERRY_STATUS_CLOSED);
+    OK(cuferry_ring_next(ring, stream, -1, &item));
+    OK(cuferry_ring_destroy(ring)); /* the held item stays valid */
+    uint64_t seq = 0;
+    OK(cuferry_ring_item_info(item, NULL, &seq, NULL));
+    CHECK(seq == 99);
+    OK(cuferry_ring_release(item));
+    CHECK(cuferry_ring_destroy(NULL) == CUFERRY_STATUS_INVALID_ARGUMENT);
+  }
+
   /* Frees wait for queued copies; NULL frees are no-ops. */
   OK(cuferry_copy(stream, src, 0, dev1, 0, n));
   OK(cuferry_buffer_free(src));
