@@ -86,6 +86,24 @@ impl ArrayLayout {
     pub fn bytes(&self) -> usize {
         self.len() * self.dtype.size()
     }
+
+    /// Checks that `data` can be this array: element type `T` and the same length.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] naming both.
+    pub fn check_data<T: HasDType>(&self, data: &[T]) -> Result<()> {
+        if self.dtype != T::DTYPE || self.len() != data.len() {
+            return Err(Error::invalid(format!(
+                "array of {:?} x {} given for a layout of {:?} x {}",
+                T::DTYPE,
+                data.len(),
+                self.dtype,
+                self.len()
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// The arrays of a slot, in order.

@@ -56,10 +56,18 @@ use crate::error::{Error, Result};
 /// }
 /// # Ok::<(), cuferry::Error>(())
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct SlotFill<'a> {
     meta: SlotMeta,
     pieces: Vec<(usize, &'a [u8])>,
+}
+
+impl std::fmt::Debug for SlotFill<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Offsets and lengths, not the bytes (pieces are often megabytes).
+        let pieces: Vec<(usize, usize)> = self.pieces.iter().map(|&(o, d)| (o, d.len())).collect();
+        f.debug_struct("SlotFill").field("meta", &self.meta).field("pieces", &pieces).finish()
+    }
 }
 
 impl<'a> SlotFill<'a> {
@@ -95,15 +103,7 @@ impl<'a> SlotFill<'a> {
                 index + 1
             ))
         })?;
-        if array.dtype != T::DTYPE || array.len() != data.len() {
-            return Err(Error::invalid(format!(
-                "array {index} given as {:?} x {} for a layout of {:?} x {}",
-                T::DTYPE,
-                data.len(),
-                array.dtype,
-                array.len()
-            )));
-        }
+        array.check_data(data)?;
         let offset = array.offset;
         Ok(self.piece(offset, bytemuck::cast_slice(data)))
     }

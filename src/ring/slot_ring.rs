@@ -511,15 +511,7 @@ impl ProducerSlot {
         array: &ArrayLayout,
         data: &[T],
     ) -> Result<()> {
-        if array.dtype != T::DTYPE || array.len() != data.len() {
-            return Err(Error::invalid(format!(
-                "array of {:?} x {} given for a layout of {:?} x {}",
-                T::DTYPE,
-                data.len(),
-                array.dtype,
-                array.len()
-            )));
-        }
+        array.check_data(data)?;
         self.fill_from(executor, array.offset, bytemuck::cast_slice(data))
     }
 
