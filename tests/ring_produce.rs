@@ -1,7 +1,7 @@
 //! `SlotRing::produce`, the pipelined fill from pageable memory, with real threads: items
 //! arrive in order with every piece's bytes checked against its source, for depths 1-8, fill
 //! windows 1..=depth and 1-4 executor threads; a consumer holding every slot at once does not
-//! deadlock it; bad items, a close, a failed submission and a panicking iterator each end it
+//! deadlock it, nor do two producers sharing a ring and an executor; bad items, a close, a failed submission and a panicking iterator each end it
 //! with a published prefix and no slot lost. Each runs on the host backend and, when a GPU is
 //! present, on CUDA.
 
@@ -296,9 +296,44 @@ fn panicking_iterator(device: Device) {
     assert_eq!(consume(&ring, device, 3, &again), vec![0, 1, 2]);
 }
 
+/// Two producers share one ring and one executor (each waits on the other's chunks too):
+/// each one's items arrive in its order, all of them, every piece intact.
+fn two_producers_share_an_executor(device: Device) {
+    let per = 12u64;
+    let data = items(2 * per, SLOT);
+    let ring = SlotRing::new(device, RingOptions::new(3, SLOT)).unwrap();
+    let pool = PackExecutor::new(3).unwrap();
+    std::thread::scope(|s| {
+        // Producer p publishes items p, p + 2, p + 4, ... (their sequence ids index `data`).
+        let producers: Vec<_> = (0..2)
+            .map(|p| {
+                let (ring, pool, data) = (&ring, &pool, &data);
+                s.spawn(move || ring.produce(pool, 3, data.iter().skip(p).step_by(2).map(fill)))
+            })
+            .collect();
+        let _guard = CloseOnPanic(&ring);
+        let stream = Stream::new(device).unwrap();
+        let mut next = [0u64, 1];
+        for _ in 0..2 * per {
+            let slot = ring.next_timeout(&stream, PATIENCE).expect("stalled");
+            let seq = slot.meta().sequence;
+            let p = (seq % 2) as usize;
+            assert_eq!(seq, next[p], "producer {p} out of order");
+            next[p] += 2;
+            check(&slot, &stream, &data);
+        }
+        for producer in producers {
+            assert_eq!(producer.join().unwrap().unwrap(), per);
+        }
+        assert_eq!(next, [2 * per, 2 * per + 1]);
+    });
+    assert_eq!(ring.stats().occupancy, 0);
+}
+
 on_both_backends! {
     streams_every_byte_in_order => streams_every_byte_in_order;
     consumer_holding_every_slot => consumer_holding_every_slot;
+    two_producers_share_an_executor => two_producers_share_an_executor;
     bad_items_end_with_a_published_prefix => bad_items_end_with_a_published_prefix;
     close_mid_stream => close_mid_stream;
     failed_submission => failed_submission;
