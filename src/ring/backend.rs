@@ -110,6 +110,18 @@ pub trait TransferBackend: Send + Sync {
     /// Index out of range; CUDA errors of the wait.
     fn wait_host_slot(&self, host: usize) -> Result<()>;
 
+    /// True when the last upload from host slot `host` has finished; does not block.
+    ///
+    /// The default waits for the upload ([`TransferBackend::wait_host_slot`]) and says true:
+    /// correct for a backend that cannot query, only slower.
+    ///
+    /// # Errors
+    ///
+    /// Index out of range; CUDA errors of the query.
+    fn host_slot_idle(&self, host: usize) -> Result<bool> {
+        self.wait_host_slot(host).map(|()| true)
+    }
+
     /// Queues the upload of the first `bytes` bytes of host slot `host` into device slot
     /// `device`, ordered after the device slot's consumed point, and records the ready event.
     /// Returns the host time the submission took.
@@ -203,6 +215,10 @@ impl HostSlot {
             HostSlot::Pinned(b) => b.synchronize(),
             HostSlot::Registered(r) => r.synchronize(),
         }
+    }
+
+    fn is_idle(&self) -> Result<bool> {
+        self.parts().tracker.is_idle()
     }
 
     fn parts(&self) -> crate::memory::sealed::RawParts<'_> {
@@ -367,6 +383,10 @@ impl TransferBackend for StreamTransferBackend {
 
     fn wait_host_slot(&self, host: usize) -> Result<()> {
         self.host(host)?.synchronize()
+    }
+
+    fn host_slot_idle(&self, host: usize) -> Result<bool> {
+        self.host(host)?.is_idle()
     }
 
     unsafe fn submit_upload(&self, host: usize, device: usize, bytes: usize) -> Result<Duration> {

@@ -8,13 +8,18 @@
 //!
 //! Rules:
 //! - Items are published in the order the iterator yields them. Up to `ahead` (1..=depth) slots
-//!   are being filled at once; the producing thread copies queued chunks too while it waits.
+//!   are being filled at once. The executor's workers copy; the producing thread publishes
+//!   (and copies only when the executor has no workers): a chunk it took could hold a
+//!   finished fill back from the link for the chunk's whole copy.
 //! - The call returns only after every queued chunk is copied, on every path (errors and panics
 //!   included), so the borrowed sources outlive the copies. A slot goes back to the ring (or is
 //!   published) only after its chunks are done.
 //! - It never blocks holding a filled, unpublished slot: when the ring is full it finishes and
 //!   publishes its oldest fill first, and blocks in [`SlotRing::acquire`] only with no fill of
 //!   its own pending. (A consumer waiting for that slot would otherwise wait forever.)
+//! - It never waits for a free slot's last upload while a finished fill is unpublished: it
+//!   publishes fills as they finish until the upload is done, so the link is not left idle
+//!   behind this thread.
 //! - Pieces are checked before a slot is taken: inside the item's uploaded bytes and not
 //!   overlapping one another.
 //! - On an error the items published are a prefix of the iterator's: an invalid item or a
@@ -23,11 +28,16 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::executor::{Latch, PackExecutor, RawCopy};
 use super::layout::{HasDType, SlotLayout, SlotMeta};
-use super::slot_ring::{ProducerSlot, SlotRing};
+use super::slot_ring::{ProducerSlot, SlotRing, UnwaitedSlot};
 use crate::error::{Error, Result};
+
+/// How long the producer polls for a finished upload or fill, with no chunk left to copy,
+/// before it blocks.
+const POLL_BEFORE_BLOCK: Duration = Duration::from_micros(50);
 
 /// One item for [`SlotRing::produce`]: its metadata and the pieces of pageable memory to copy
 /// into the slot.
@@ -151,7 +161,9 @@ struct PendingFill<'e> {
 impl PendingFill<'_> {
     /// Waits for the copies and publishes the slot.
     fn publish(mut self) -> Result<()> {
-        self.executor.wait(&self.latch);
+        // The producing thread publishes; with workers it leaves the copies to them, or a
+        // chunk it took could hold back a finished fill's upload (see `Line::await_upload`).
+        self.executor.wait(&self.latch, false);
         match (self.slot.take(), self.meta.take()) {
             (Some(slot), Some(meta)) => slot.publish(meta),
             _ => Ok(()),
@@ -162,7 +174,7 @@ impl PendingFill<'_> {
 impl Drop for PendingFill<'_> {
     fn drop(&mut self) {
         // The chunks write into the slot and read the caller's memory: both must outlive them.
-        self.executor.wait(&self.latch);
+        self.executor.wait(&self.latch, false);
     }
 }
 
@@ -194,13 +206,48 @@ impl<'e> Line<'_, 'e> {
         }
     }
 
+    /// Whether the oldest fill's copies are all done.
+    fn front_done(&self) -> bool {
+        self.pending.front().is_some_and(|f| f.latch.is_done())
+    }
+
     /// A slot for the next item, publishing older fills while the ring is full.
     fn acquire(&mut self) -> Result<ProducerSlot> {
         loop {
-            match self.ring.try_acquire() {
+            match self.ring.try_reserve() {
+                Ok(slot) => return self.await_upload(slot),
                 Err(Error::WouldBlock { .. }) if !self.pending.is_empty() => self.publish_front()?,
                 Err(Error::WouldBlock { .. }) => return self.ring.acquire(),
-                other => return other,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Waits for the last upload from `slot`'s host slot, publishing fills as they finish
+    /// meanwhile (blocking on the upload while a finished fill waits leaves the link idle
+    /// after it). With no workers it copies queued chunks too. After [`POLL_BEFORE_BLOCK`]
+    /// with nothing to do it blocks on the oldest fill, or on the upload when no fill is
+    /// pending.
+    fn await_upload(&mut self, slot: UnwaitedSlot) -> Result<ProducerSlot> {
+        let mut idle_since = Instant::now();
+        loop {
+            if slot.upload_done()? {
+                return slot.wait();
+            }
+            if self.front_done() {
+                self.publish_front()?;
+                idle_since = Instant::now();
+            } else if self.executor.threads() == 1 && self.executor.run_one() {
+                idle_since = Instant::now();
+            } else if idle_since.elapsed() < POLL_BEFORE_BLOCK {
+                for _ in 0..64 {
+                    std::hint::spin_loop();
+                }
+            } else if self.pending.is_empty() {
+                return slot.wait();
+            } else {
+                self.publish_front()?;
+                idle_since = Instant::now();
             }
         }
     }
@@ -209,7 +256,7 @@ impl<'e> Line<'_, 'e> {
     fn push(&mut self, item: SlotFill<'_>) -> Result<()> {
         let slot_bytes = self.ring.slot_bytes();
         item.validate(slot_bytes)?;
-        while self.pending.len() >= self.ahead || self.pending.front().is_some_and(|f| f.latch.is_done()) {
+        while self.pending.len() >= self.ahead || self.front_done() {
             self.publish_front()?;
         }
         let mut slot = self.acquire()?;
@@ -262,7 +309,8 @@ impl SlotRing {
     ///
     /// Use it to stream batches from pageable memory: with slots of a few MiB it keeps every
     /// executor thread busy where [`ProducerSlot::fill_from`](super::ProducerSlot::fill_from)
-    /// wakes them slot by slot. The calling thread copies queued chunks while it waits.
+    /// wakes them slot by slot. The calling thread publishes; it copies only when the
+    /// executor has no worker threads (`PackExecutor::new(1)`).
     ///
     /// - Pieces are checked before a slot is taken: inside the item's uploaded bytes, not
     ///   overlapping.

@@ -327,6 +327,21 @@ impl SlotRing {
     }
 
     fn acquire_until(&self, deadline: Option<Instant>) -> Result<ProducerSlot> {
+        self.reserve_until(deadline)?.wait()
+    }
+
+    /// Like [`SlotRing::try_acquire`], without waiting for the host slot's last upload: the
+    /// pipelined fill publishes its finished fills meanwhile instead of blocking on it.
+    ///
+    /// # Errors
+    ///
+    /// As [`SlotRing::try_acquire`], without the wait's.
+    pub(super) fn try_reserve(&self) -> Result<UnwaitedSlot> {
+        self.reserve_until(None)
+    }
+
+    /// Takes a free device slot and a free host slot (the host slot's upload may still run).
+    fn reserve_until(&self, deadline: Option<Instant>) -> Result<UnwaitedSlot> {
         let s = &self.shared;
         if s.is_closed() {
             return Err(s.closed_error());
@@ -341,12 +356,7 @@ impl SlotRing {
                 return Err(e);
             }
         };
-        if let Err(e) = s.backend.wait_host_slot(host) {
-            s.return_host(host);
-            s.return_device(device);
-            return Err(e);
-        }
-        Ok(ProducerSlot { shared: Arc::clone(&self.shared), host, device, done: false })
+        Ok(UnwaitedSlot(ProducerSlot { shared: Arc::clone(&self.shared), host, device, done: false }))
     }
 
     /// The next published slot, in publish order, blocking until one is published. `stream`
@@ -537,6 +547,25 @@ impl ProducerSlot {
         s.bytes.fetch_add(meta.bytes as u64, Ordering::Relaxed);
         let _ = s.ready.0.send(Published { device: self.device, meta, submit });
         Ok(())
+    }
+}
+
+/// A producer slot taken from the free queues whose host slot's last upload may still be
+/// running: nothing reaches its bytes before [`UnwaitedSlot::wait`]. Dropping it returns both
+/// slots.
+pub(super) struct UnwaitedSlot(ProducerSlot);
+
+impl UnwaitedSlot {
+    /// True when the host slot's last upload has finished; does not block.
+    pub(super) fn upload_done(&self) -> Result<bool> {
+        self.0.shared.backend.host_slot_idle(self.0.host)
+    }
+
+    /// Waits for the host slot's last upload and hands the slot to the producer. On an error
+    /// both slots go back to the ring.
+    pub(super) fn wait(self) -> Result<ProducerSlot> {
+        self.0.shared.backend.wait_host_slot(self.0.host)?;
+        Ok(self.0)
     }
 }
 
