@@ -397,7 +397,9 @@ impl SlotRing {
         let ready = &s.ready.1;
         let published = match ready.try_recv() {
             Ok(p) => p,
-            Err(_) if s.is_closed() => return Err(s.closed_error()),
+            // Publishes queue under the close lock, so one that landed before the close is
+            // seen by this second look.
+            Err(_) if s.is_closed() => ready.try_recv().map_err(|_| s.closed_error())?,
             Err(_) => {
                 let Some(deadline) = deadline else {
                     return Err(Error::WouldBlock { what: "no published slot" });
@@ -541,11 +543,22 @@ impl ProducerSlot {
         // SAFETY: this guard holds both slots exclusively: the host slot until its upload is
         // waited on by the next `acquire`, the device slot until a consumer releases it.
         let submit = unsafe { s.backend.submit_upload(self.host, self.device, meta.bytes) }?;
+        let bytes = meta.bytes as u64;
+        // Checked and queued under the close lock: a publish lands before a close (and
+        // consumers drain it) or fails with `Closed`, never after a consumer found the ring
+        // closed and empty (that slot would never be released). A slot refused here goes back
+        // on drop like an abandoned one; its upload is queued ahead of any later one.
+        let queued = {
+            let open = s.close_tx.lock().unwrap_or_else(|e| e.into_inner());
+            open.is_some() && s.ready.0.send(Published { device: self.device, meta, submit }).is_ok()
+        };
+        if !queued {
+            return Err(s.closed_error());
+        }
         self.done = true;
         s.return_host(self.host);
         s.published.fetch_add(1, Ordering::Relaxed);
-        s.bytes.fetch_add(meta.bytes as u64, Ordering::Relaxed);
-        let _ = s.ready.0.send(Published { device: self.device, meta, submit });
+        s.bytes.fetch_add(bytes, Ordering::Relaxed);
         Ok(())
     }
 }
