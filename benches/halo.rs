@@ -10,7 +10,7 @@
 //! completion wait included) against `copy_from_slice` of the same number of bytes (the memcpy
 //! ceiling: glibc's `memcpy`, which on x86 copies more than ~2 KiB with `rep movsb`), and the
 //! seed's strategy (index arrays, one gather per array per edge) for the 10-array case. Cases
-//! above 1 MiB (threaded by default) also run with one thread. Target: pack >= 70% of the
+//! above 512 KiB (threaded by default) also run with one thread. Target: pack >= 70% of the
 //! memcpy rate for rows >= 128 B.
 //!
 //! Criterion measures each line in its own steady state. The `halo_cpu_ratio` table printed
@@ -151,7 +151,7 @@ fn batch(iters: u32, mut f: impl FnMut()) -> f64 {
 }
 
 /// The same-run ratio table: pack + synchronize against memcpy of the same bytes, in
-/// alternating batches (see the module docs), single-threaded and, above 1 MiB, threaded.
+/// alternating batches (see the module docs), single-threaded and, above 512 KiB, threaded.
 fn host_ratios(_: &mut Criterion) {
     const ROUNDS: usize = 31;
     println!("halo_cpu_ratio: pack+sync vs memcpy of the same bytes, alternating batches, {ROUNDS} rounds");
@@ -168,7 +168,7 @@ fn host_ratios(_: &mut Criterion) {
         let (src, mut dst) = (vec![1.5f64; bytes / 8], vec![0.0f64; bytes / 8]);
         let threads = packer.host_threads();
         // The packer's own threshold (src/halo/cpu.rs PARALLEL_MIN_BYTES).
-        let threaded = bytes > 1 << 20 && threads > 1;
+        let threaded = bytes > 512 << 10 && threads > 1;
         // About 5 ms of memcpy per batch at 20 GB/s.
         let iters = u32::try_from((100_000_000 / bytes.max(1)).clamp(2, 10_000)).unwrap_or(2);
         let (mut tm, mut t1, mut tt, mut r1, mut rt) = (vec![], vec![], vec![], vec![], vec![]);

@@ -547,7 +547,8 @@ fn slots_follow_the_pack_order() {
     check_case(&qs, true);
 }
 
-/// More than 4 MiB: the host splits the work over threads, rows cut in the middle included.
+/// More than 4 MiB (the host threads jobs above 512 KiB): the work is split over the helper
+/// threads, rows cut in the middle included.
 #[test]
 fn large_exchange_uses_threads_and_stays_exact() {
     let mut rng = Rng::new(11);

@@ -12,8 +12,8 @@
 //! - Row nests with rows of at least 128 bytes ask for the source lines of the plane two
 //!   planes ahead (a prefetch hint: nothing is read early, no address is checked).
 //! - Jobs above [`PARALLEL_MIN_BYTES`] are split into byte-balanced parts (ranges of atoms of
-//!   row nests, ranges of `8`-wide panels of transposes) and run on scoped threads (one part on
-//!   the calling worker). Parts never write the same bytes: pack parts write disjoint slot
+//!   row nests, ranges of `8`-wide panels of transposes) and run on the process's halo helper
+//!   threads (one part on the calling worker; see `threads`). Parts never write the same bytes: pack parts write disjoint slot
 //!   ranges; unpack parts write distinct elements because spec dims never overlap and the
 //!   packer rejects overlapping unpack regions of one array.
 //! - Negation flips the sign bit of floats (what `-x` does, bit for bit) and wraps `i32`.
@@ -22,19 +22,23 @@ mod kernels;
 
 use std::sync::{Arc, OnceLock};
 
+use super::threads;
+
 use super::plan::{Plan, Transfer};
 use super::spec::{ElemKind, MAX_DIMS};
 use kernels::TILE;
 
 /// Jobs moving more bytes than this use several threads.
 ///
-/// On the 16-core H100 host, 1 MiB beat 4 MiB: ten 48x48x79 y-face exchanges (1.8 MB of
-/// 384-byte rows) went from 0.59x to 1.10x of a same-bytes memcpy, the edges (3.6 MB) from
-/// 0.47x to 1.15x; 256 KiB per thread made the 384^2 faces slower again.
-pub(crate) const PARALLEL_MIN_BYTES: usize = 1 << 20;
+/// Measured on the 16-core H100 host with the helper threads (`threads`): from 512 KiB, a
+/// thread per 128 KiB took ten 48x48x79 y-face exchanges (1.8 MB of 384-byte rows) to 2.1x a
+/// same-bytes single-thread memcpy and 4 x 384^2 y-faces to 4.1x. Below 512 KiB waking the
+/// helpers costs what the copy does (one 48^2 array's edges, 364 KB: 0.43x threaded, 0.47x
+/// alone).
+pub(crate) const PARALLEL_MIN_BYTES: usize = 512 << 10;
 
 /// Bytes per thread that make another thread worth starting.
-const BYTES_PER_THREAD: usize = 512 << 10;
+const BYTES_PER_THREAD: usize = 128 << 10;
 
 /// Most threads one job uses.
 const MAX_THREADS: usize = 16;
@@ -200,8 +204,8 @@ pub(crate) struct HostJob {
 // (so they stay allocated and untouched by other queued work until it has run); moving the
 // addresses to the worker thread is what the tracker protocol exists for.
 unsafe impl Send for HostJob {}
-// SAFETY: shared only between the scoped threads of `run`, which write disjoint bytes (see the
-// module rules) and only read the rest.
+// SAFETY: shared only between the tasks of `run` (on helper threads that finish them before
+// `run` returns), which write disjoint bytes (see the module rules) and only read the rest.
 unsafe impl Sync for HostJob {}
 
 /// A range of units of one nest.
@@ -235,15 +239,11 @@ impl HostJob {
             }
             return;
         }
-        let groups = split(nests, total, threads);
-        std::thread::scope(|scope| {
-            let mut groups = groups.into_iter();
-            let mine = groups.next().unwrap_or_default();
-            for group in groups {
-                scope.spawn(move || group.into_iter().for_each(|p| self.run_part(p)));
-            }
-            mine.into_iter().for_each(|p| self.run_part(p));
-        });
+        let tasks: Vec<Box<dyn FnOnce() + Send + '_>> = split(nests, total, threads)
+            .into_iter()
+            .map(|group| Box::new(move || group.into_iter().for_each(|p| self.run_part(p))) as Box<_>)
+            .collect();
+        threads::run_scoped(tasks);
     }
 
     fn run_part(&self, part: Part) {

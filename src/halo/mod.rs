@@ -26,7 +26,7 @@
 //! - On CUDA each `pack` or `unpack` is ONE kernel launch reading a descriptor table; on the
 //!   host it is ONE job running loop nests planned when the packer is built (64-byte block
 //!   copies of contiguous rows, length-specialised short rows, tiled transposes for turns,
-//!   strided loops otherwise; AVX2 when the CPU has it), on several threads above 1 MiB, and
+//!   strided loops otherwise; AVX2 when the CPU has it), on several threads above 512 KiB, and
 //!   on the calling thread when it is at most 1 MiB and the stream is idle. Buffers come from
 //!   a pool keyed by (device, bytes) and go back to it when the packer is dropped.
 //!
@@ -63,6 +63,7 @@ mod pool;
 #[cfg(test)]
 mod reference;
 mod spec;
+mod threads;
 
 pub use packer::HaloPacker;
 pub use plan::{Component, PackedSlot};

@@ -149,8 +149,8 @@ impl HaloPacker {
     }
 
     /// Sets the most threads one host-backend job may use (default: the machine's parallelism,
-    /// at most 16; `0` counts as 1). Jobs under 1 MiB always run on the stream's worker alone;
-    /// larger ones add a thread per 512 KiB up to this limit. No effect on CUDA.
+    /// at most 16; `0` counts as 1). Jobs under 512 KiB always run on the stream's worker alone;
+    /// larger ones add a thread per 128 KiB up to this limit. No effect on CUDA.
     pub fn set_host_threads(&mut self, threads: usize) {
         self.host_threads = threads.max(1);
     }
