@@ -56,6 +56,7 @@ pub mod stream;
 #[doc(hidden)]
 pub mod sys;
 mod topology;
+mod work_queue;
 
 pub use copy::{copy, copy_range, CopyDirection};
 pub use device::{

@@ -11,12 +11,14 @@
 //!   tasks to the caller, which runs queued tasks while it waits: nothing waits on a thread that
 //!   does not exist.
 //! - Starting threads per job cost tens of microseconds each on the GPU machine's VM, as much as
-//!   packing a 1 MB exchange; a sleeping helper is woken by one call for the whole batch.
+//!   packing a 1 MB exchange. The tasks go through a `WorkQueue` (crate::work_queue), which wakes the sleeping
+//!   helpers a batch needs with one call.
 
 use std::any::Any;
-use std::collections::VecDeque;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+
+use crate::work_queue::WorkQueue;
 
 /// Most helper threads (jobs use at most 16 threads, the caller's included).
 pub(crate) const MAX_HELPERS: usize = 15;
@@ -25,82 +27,39 @@ pub(crate) const MAX_HELPERS: usize = 15;
 type Task = Box<dyn FnOnce() + Send + 'static>;
 
 struct Helpers {
-    state: Mutex<HelperState>,
-    /// Signalled when tasks arrive.
-    arrived: Condvar,
-}
-
-struct HelperState {
-    tasks: VecDeque<Task>,
+    tasks: WorkQueue<Task>,
     /// Helper threads started.
-    started: usize,
-    /// Helpers waiting on `arrived`.
-    sleepers: usize,
+    started: Mutex<usize>,
 }
 
 fn helpers() -> &'static Helpers {
     static HELPERS: OnceLock<Helpers> = OnceLock::new();
-    HELPERS.get_or_init(|| Helpers {
-        state: Mutex::new(HelperState { tasks: VecDeque::new(), started: 0, sleepers: 0 }),
-        arrived: Condvar::new(),
-    })
+    HELPERS.get_or_init(|| Helpers { tasks: WorkQueue::new(), started: Mutex::new(0) })
 }
 
 impl Helpers {
-    fn lock(&self) -> MutexGuard<'_, HelperState> {
-        // Tasks run outside the lock, so a panic cannot leave the state half-updated.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Starts helpers until `wanted` exist (fewer if the system refuses a thread).
     fn ensure(&'static self, wanted: usize) {
         let wanted = wanted.min(MAX_HELPERS);
-        let mut state = self.lock();
-        while state.started < wanted {
-            let spawned = std::thread::Builder::new()
-                .name(format!("cuferry-halo-{}", state.started + 1))
-                .spawn(move || self.work());
+        let mut started = self.started.lock().unwrap_or_else(|e| e.into_inner());
+        while *started < wanted {
+            let spawned =
+                std::thread::Builder::new().name(format!("cuferry-halo-{}", *started + 1)).spawn(move || {
+                    // The queue is never closed: helpers live for the process.
+                    while let Some(task) = self.tasks.pop() {
+                        task();
+                    }
+                });
             if spawned.is_err() {
                 break;
             }
-            state.started += 1;
-        }
-    }
-
-    fn work(&self) {
-        let mut state = self.lock();
-        loop {
-            if let Some(task) = state.tasks.pop_front() {
-                drop(state);
-                task();
-                state = self.lock();
-            } else {
-                state.sleepers += 1;
-                state = self.arrived.wait(state).unwrap_or_else(|e| e.into_inner());
-                state.sleepers -= 1;
-            }
-        }
-    }
-
-    /// Queues `tasks` and wakes the sleepers they need with one call.
-    fn push(&self, tasks: Vec<Task>) {
-        let wake = {
-            let mut state = self.lock();
-            let count = tasks.len();
-            state.tasks.extend(tasks);
-            count.min(state.sleepers)
-        };
-        match wake {
-            0 => {}
-            1 => self.arrived.notify_one(),
-            _ => self.arrived.notify_all(),
+            *started += 1;
         }
     }
 
     /// Runs one queued task on this thread; false when none was queued.
     fn run_one(&self) -> bool {
-        let task = self.lock().tasks.pop_front();
-        match task {
+        match self.tasks.try_pop() {
             Some(task) => {
                 task();
                 true
@@ -188,7 +147,10 @@ pub(crate) fn run_scoped<'s>(tasks: Vec<Box<dyn FnOnce() + Send + 's>>) {
         })
         .collect();
     let _wait = WaitOnDrop(Arc::clone(&latch));
-    pool.push(queued);
+    // Never closed, so the push cannot fail; were it to, the tasks run here.
+    if let Err(returned) = pool.tasks.push(queued) {
+        returned.into_iter().for_each(|task| task());
+    }
     mine();
 }
 

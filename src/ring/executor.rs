@@ -2,10 +2,8 @@
 //! parallel (one thread copies 7.5-12 GB/s; 16 reach 38.6 GB/s on the GPU machine).
 //!
 //! Rules:
-//! - Chunks go to one first-in, first-out queue that every worker takes from. A batch of
-//!   chunks wakes the sleeping workers it needs with one call, and a worker that leaves chunks
-//!   behind wakes another: wake-ups are syscalls, and a sender paying one per chunk spent 45 us
-//!   queueing a 1 MiB slot as 16 chunks on the H100 machine, more than the slot's upload.
+//! - Chunks go to one first-in, first-out `WorkQueue` (crate::work_queue) that every worker takes from: a batch
+//!   of chunks wakes the sleeping workers it needs with one call (its module has the numbers).
 //! - [`PackExecutor::copy`]'s caller runs queued chunks itself while it waits, so a copy never
 //!   waits on a sleeping worker for a chunk nobody has started. The pipelined fill's producer
 //!   does so only when the executor has no workers (it has slots to publish).
@@ -23,13 +21,13 @@
 //!
 //! [`SlotRing::produce`]: super::SlotRing::produce
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
+use crate::work_queue::WorkQueue;
 
 /// The smallest piece [`PackExecutor::copy`] hands to a worker thread.
 pub const MIN_CHUNK: usize = 256 << 10;
@@ -79,105 +77,9 @@ impl Latch {
     }
 }
 
-/// The chunk queue shared by the workers and by threads waiting for their copies (see the
-/// module rules on wake-ups).
-struct ChunkQueue {
-    state: Mutex<QueueState>,
-    /// Signalled when chunks arrive or the executor closes.
-    arrived: Condvar,
-    /// Chunks queued and not yet taken: lets pollers skip the lock while the queue is empty.
-    queued: AtomicUsize,
-}
-
-struct QueueState {
-    chunks: VecDeque<Chunk>,
-    /// Workers waiting on `arrived`.
-    sleepers: usize,
-    closed: bool,
-}
-
-impl ChunkQueue {
-    fn new() -> Self {
-        ChunkQueue {
-            state: Mutex::new(QueueState { chunks: VecDeque::new(), sleepers: 0, closed: false }),
-            arrived: Condvar::new(),
-            queued: AtomicUsize::new(0),
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, QueueState> {
-        // Chunks run outside the lock, so a panic cannot leave the state half-updated.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Queues `chunks` and wakes as many sleeping workers as there are chunks, in one call;
-    /// hands them back once closed.
-    fn push(&self, chunks: Vec<Chunk>) -> std::result::Result<(), Vec<Chunk>> {
-        let wake = {
-            let mut state = self.lock();
-            if state.closed {
-                return Err(chunks);
-            }
-            let count = chunks.len();
-            state.chunks.extend(chunks);
-            self.queued.store(state.chunks.len(), Ordering::Release);
-            count.min(state.sleepers)
-        };
-        // One syscall either way; sleepers that find the queue empty go back to sleep.
-        match wake {
-            0 => {}
-            1 => self.arrived.notify_one(),
-            _ => self.arrived.notify_all(),
-        }
-        Ok(())
-    }
-
-    /// Takes the oldest chunk from a locked queue and passes the wake-up on when chunks remain.
-    fn take(&self, mut state: MutexGuard<'_, QueueState>) -> Option<Chunk> {
-        let chunk = state.chunks.pop_front()?;
-        self.queued.store(state.chunks.len(), Ordering::Release);
-        let wake = !state.chunks.is_empty() && state.sleepers > 0;
-        drop(state);
-        if wake {
-            self.arrived.notify_one();
-        }
-        Some(chunk)
-    }
-
-    /// The oldest chunk, if one is queued; does not block.
-    fn try_pop(&self) -> Option<Chunk> {
-        if self.queued.load(Ordering::Acquire) == 0 {
-            return None;
-        }
-        self.take(self.lock())
-    }
-
-    /// The oldest chunk, sleeping until one is queued; `None` once closed and empty.
-    fn pop(&self) -> Option<Chunk> {
-        let mut state = self.lock();
-        loop {
-            if !state.chunks.is_empty() {
-                return self.take(state);
-            }
-            if state.closed {
-                return None;
-            }
-            state.sleepers += 1;
-            state = self.arrived.wait(state).unwrap_or_else(|e| e.into_inner());
-            state.sleepers -= 1;
-        }
-    }
-
-    /// Refuses new chunks and wakes every worker to drain the queue and stop.
-    fn close(&self) {
-        self.lock().closed = true;
-        self.arrived.notify_all();
-    }
-}
-
 /// A worker's loop: chunks until the queue closes and drains, polling for up to `spin` after
 /// each one before it sleeps.
-fn work(queue: &ChunkQueue, spin: Duration) {
+fn work(queue: &WorkQueue<Chunk>, spin: Duration) {
     loop {
         let start = Instant::now();
         let mut polled = None;
@@ -245,7 +147,7 @@ fn split(range: RawCopy, pieces: usize) -> impl Iterator<Item = RawCopy> {
 /// # Ok::<(), cuferry::Error>(())
 /// ```
 pub struct PackExecutor {
-    chunks: Arc<ChunkQueue>,
+    chunks: Arc<WorkQueue<Chunk>>,
     handles: Vec<JoinHandle<()>>,
     spin: Duration,
 }
@@ -277,7 +179,7 @@ impl PackExecutor {
             return Err(Error::invalid("a pack executor needs at least one thread"));
         }
         let mut pool = PackExecutor {
-            chunks: Arc::new(ChunkQueue::new()),
+            chunks: Arc::new(WorkQueue::new()),
             handles: Vec::with_capacity(threads - 1),
             spin,
         };
