@@ -2,8 +2,9 @@
 //! parallel (one thread copies 7.5-12 GB/s; 16 reach 38.6 GB/s on the GPU machine).
 //!
 //! Rules:
-//! - Chunks go to one first-in, first-out `WorkQueue` (crate::work_queue) that every worker takes from: a batch
-//!   of chunks wakes the sleeping workers it needs with one call (its module has the numbers).
+//! - Chunks go to one first-in, first-out `WorkQueue` (crate::work_queue) that every worker
+//!   takes from: a batch of chunks wakes the sleeping workers it needs with one call (that
+//!   module has the numbers).
 //! - [`PackExecutor::copy`]'s caller runs queued chunks itself while it waits, so a copy never
 //!   waits on a sleeping worker for a chunk nobody has started. The pipelined fill's producer
 //!   does so only when the executor has no workers (it has slots to publish).
