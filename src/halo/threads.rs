@@ -11,8 +11,8 @@
 //!   tasks to the caller, which runs queued tasks while it waits: nothing waits on a thread that
 //!   does not exist.
 //! - Starting threads per job cost tens of microseconds each on the GPU machine's VM, as much as
-//!   packing a 1 MB exchange. The tasks go through a `WorkQueue` (crate::work_queue), which wakes the sleeping
-//!   helpers a batch needs with one call.
+//!   packing a 1 MB exchange. The tasks go through a `WorkQueue` (crate::work_queue), which
+//!   wakes the sleeping helpers a batch needs with one call.
 
 use std::any::Any;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
