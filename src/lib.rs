@@ -50,6 +50,7 @@ pub mod kernels;
 pub mod linop;
 pub mod managed;
 pub mod memory;
+mod monitor;
 pub mod ring;
 pub mod stream;
 /// cbindgen:ignore

@@ -7,14 +7,15 @@
 //! - A generation whose job could not be queued is completed at once, so no one waits forever.
 
 use std::collections::BTreeSet;
-use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;
+
+use crate::monitor::{Monitor, MonitorGuard};
 
 /// Shared state of one host event.
 #[derive(Default)]
 pub(crate) struct HostEventState {
-    state: Mutex<Generations>,
-    completed: Condvar,
+    /// The generations; waiters are woken whenever one completes.
+    state: Monitor<Generations>,
 }
 
 #[derive(Default)]
@@ -28,8 +29,8 @@ struct Generations {
 }
 
 impl HostEventState {
-    fn lock(&self) -> MutexGuard<'_, Generations> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> MonitorGuard<'_, Generations> {
+        self.state.lock()
     }
 
     /// Starts a new generation and returns it.
@@ -44,13 +45,12 @@ impl HostEventState {
 
     /// Marks `generation` complete and wakes waiters.
     pub(crate) fn complete(&self, generation: u64) {
-        let mut g = self.lock();
-        g.pending.remove(&generation);
-        if generation == g.recorded {
-            g.latest_completed_at = Some(Instant::now());
-        }
-        drop(g);
-        self.completed.notify_all();
+        self.state.update(|g| {
+            g.pending.remove(&generation);
+            if generation == g.recorded {
+                g.latest_completed_at = Some(Instant::now());
+            }
+        });
     }
 
     /// The latest generation if it has not completed yet.
@@ -61,10 +61,7 @@ impl HostEventState {
 
     /// Blocks until `generation` has completed.
     pub(crate) fn wait(&self, generation: u64) {
-        let mut g = self.lock();
-        while g.pending.contains(&generation) {
-            g = self.completed.wait(g).unwrap_or_else(|e| e.into_inner());
-        }
+        drop(self.state.wait_while(self.lock(), |g| g.pending.contains(&generation)));
     }
 
     /// Whether the event was ever recorded, and when its latest record completed.

@@ -15,11 +15,12 @@
 //!   job itself.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crossbeam_channel::{unbounded, Receiver, Sender};
 
 use crate::error::{Error, Result};
+use crate::monitor::{Monitor, MonitorGuard};
 
 /// One unit of queued work.
 pub(crate) type Job = Box<dyn FnOnce() -> Result<()> + Send + 'static>;
@@ -27,10 +28,9 @@ pub(crate) type Job = Box<dyn FnOnce() -> Result<()> + Send + 'static>;
 /// Counters shared by the queue handle and its worker.
 #[derive(Default)]
 struct Progress {
-    /// Jobs submitted and jobs finished, and the first unreported job error.
-    state: Mutex<ProgressState>,
-    /// Signalled whenever a job finishes.
-    finished: Condvar,
+    /// Jobs submitted and jobs finished, and the first unreported job error; waiters are
+    /// woken whenever a job finishes.
+    state: Monitor<ProgressState>,
     /// Held while a job runs, by the worker or by an inline caller: one job at a time.
     exec: Mutex<()>,
 }
@@ -43,10 +43,8 @@ struct ProgressState {
 }
 
 impl Progress {
-    fn lock(&self) -> MutexGuard<'_, ProgressState> {
-        // A poisoned lock only means a panic elsewhere while holding it; the counters are
-        // still consistent (each update is a single assignment).
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> MonitorGuard<'_, ProgressState> {
+        self.state.lock()
     }
 
     fn exec(&self) -> MutexGuard<'_, ()> {
@@ -64,13 +62,12 @@ impl Progress {
         let outcome = catch_unwind(AssertUnwindSafe(job))
             .unwrap_or_else(|panic| Err(Error::HostFnPanicked { message: panic_message(panic.as_ref()) }));
         drop(running);
-        let mut st = self.lock();
-        st.completed += 1;
-        if let Err(err) = outcome {
-            st.error.get_or_insert(err);
-        }
-        drop(st);
-        self.finished.notify_all();
+        self.state.update(|st| {
+            st.completed += 1;
+            if let Err(err) = outcome {
+                st.error.get_or_insert(err);
+            }
+        });
     }
 }
 
@@ -131,11 +128,9 @@ impl HostQueue {
     /// Waits for every job submitted before the call; returns the first job error since the
     /// last check.
     pub(crate) fn synchronize(&self) -> Result<()> {
-        let mut st = self.progress.lock();
+        let st = self.progress.lock();
         let target = st.submitted;
-        while st.completed < target {
-            st = self.progress.finished.wait(st).unwrap_or_else(|e| e.into_inner());
-        }
+        let mut st = self.progress.state.wait_while(st, |st| st.completed < target);
         st.error.take().map_or(Ok(()), Err)
     }
 
