@@ -10,6 +10,8 @@
 //!   reports `CUFERRY_STATUS_NOT_BUILT`.
 #![allow(non_camel_case_types, non_upper_case_globals, non_snake_case, dead_code, missing_docs, clippy::all)]
 
+// The header's comments become doc comments; C text such as `div_mul[k]` is not a doc link.
+#[allow(rustdoc::broken_intra_doc_links)]
 #[rustfmt::skip]
 mod bindings;
 
