@@ -6,8 +6,8 @@
 #   1. install the CUDA 13.0 toolkit from PyPI into .toolkit/ when no nvcc is found;
 #   2. install libclang (Debian libclang-dev) for the bindings drift test, when root and missing;
 #   3. build and test with the toolkit hidden: the host-only build must compile and pass;
-#   4. rustfmt and clippy (with the `mpi` feature too), then every test (unit, integration,
-#      doc) with CUDA compiled in;
+#   4. rustfmt, clippy (with the `mpi` feature too) and rustdoc warnings, then every test
+#      (unit, integration, doc) with CUDA compiled in;
 #   5. the `mpi` feature's tests under mpirun (Open MPI installed from Debian when root).
 # GPU tests print SKIP here unless a CUDA device is present (CUFERRY_REQUIRE_GPU=1 makes
 # them fail instead; scripts/gpu-bundle.sh builds them for a GPU machine).
@@ -44,10 +44,11 @@ step "Open MPI (feature mpi)"
 mpi=0
 if scripts/install-mpi.sh; then mpi=1; else echo "no MPI: the mpi feature is not built or tested"; fi
 
-step "rustfmt and clippy"
+step "rustfmt, clippy and rustdoc"
 cargo fmt --all -- --check
 cargo clippy --all-targets --quiet -- -D warnings
 if [ "$mpi" = 1 ]; then cargo clippy --all-targets --features mpi --quiet -- -D warnings; fi
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet
 
 step "all tests with CUDA compiled in"
 cargo test
