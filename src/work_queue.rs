@@ -12,7 +12,7 @@
 //!   returns the items left, then `None`.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 /// See the [module docs](self).
@@ -22,6 +22,8 @@ pub(crate) struct WorkQueue<T> {
     arrived: Condvar,
     /// Items queued and not yet taken: lets pollers skip the lock while the queue is empty.
     queued: AtomicUsize,
+    /// Set by `close`: lets pollers stop polling without the lock.
+    closed: AtomicBool,
 }
 
 struct State<T> {
@@ -37,6 +39,7 @@ impl<T> WorkQueue<T> {
             state: Mutex::new(State { items: VecDeque::new(), sleepers: 0, closed: false }),
             arrived: Condvar::new(),
             queued: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
         }
     }
 
@@ -105,7 +108,13 @@ impl<T> WorkQueue<T> {
     /// Refuses new items and wakes every sleeper to drain the queue and stop.
     pub(crate) fn close(&self) {
         self.lock().closed = true;
+        self.closed.store(true, Ordering::Release);
         self.arrived.notify_all();
+    }
+
+    /// Whether [`WorkQueue::close`] was called (pollers stop polling then: `pop` drains).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
     }
 }
 
@@ -132,5 +141,6 @@ mod tests {
         all.sort_unstable();
         assert_eq!(all, (0..700).collect::<Vec<_>>());
         assert_eq!(queue.try_pop(), None);
+        assert!(queue.is_closed());
     }
 }

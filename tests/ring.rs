@@ -357,6 +357,106 @@ on_both_backends! {
     registered_slots_and_timing => registered_slots_and_timing;
     release_orders_next_upload => release_orders_next_upload;
     publish_racing_close_never_strands_a_slot => publish_racing_close_never_strands_a_slot;
+    a_panicking_backend_never_loses_a_slot => a_panicking_backend_never_loses_a_slot;
+    huge_timeouts_wait_forever => huge_timeouts_wait_forever;
+    one_blocked_acquire_counts_one_wait => one_blocked_acquire_counts_one_wait;
+}
+
+/// A depth-1 ring over `FlakyBackend` (no failed submissions) as `configure` sets it up.
+fn flaky_ring(device: Device, configure: impl FnOnce(FlakyBackend) -> FlakyBackend) -> SlotRing {
+    let mut inner = StreamTransferBackend::new(device, false).unwrap();
+    inner.allocate_host_slots(1, SLOT).unwrap();
+    inner.allocate_device_slots(1, SLOT).unwrap();
+    SlotRing::with_backend(Box::new(configure(FlakyBackend::new(inner, usize::MAX)))).unwrap()
+}
+
+/// A custom backend panicking in `next` (ordering the consumer's stream) or in `release`
+/// (recording the consumed point) still gives the device slot back: a depth-1 ring would
+/// otherwise block forever.
+fn a_panicking_backend_never_loses_a_slot(device: Device) {
+    let stream = Stream::new(device).unwrap();
+    let in_next = flaky_ring(device, FlakyBackend::panic_once_in_wait);
+    publish(&in_next, 0, 0);
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| in_next.next(&stream)));
+    assert!(unwound.is_err(), "the injected panic did not happen");
+    assert_eq!(in_next.stats().occupancy, 0, "{:?}", in_next.stats());
+    publish(&in_next, 0, 1);
+    check_slot(&in_next.next_timeout(&stream, Duration::from_secs(5)).unwrap(), &stream, 0);
+
+    let in_release = flaky_ring(device, FlakyBackend::panic_once_in_release);
+    publish(&in_release, 0, 0);
+    let slot = in_release.next(&stream).unwrap();
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| slot.release()));
+    assert!(unwound.is_err(), "the injected panic did not happen");
+    assert_eq!(in_release.stats().occupancy, 0, "{:?}", in_release.stats());
+    publish(&in_release, 0, 1);
+    check_slot(&in_release.next_timeout(&stream, Duration::from_secs(5)).unwrap(), &stream, 0);
+}
+
+/// `Duration::MAX` (a common way to say "forever") neither panics computing a deadline nor
+/// keeps a ready slot from being returned.
+fn huge_timeouts_wait_forever(device: Device) {
+    let ring = SlotRing::new(device, RingOptions::new(1, SLOT)).unwrap();
+    let stream = Stream::new(device).unwrap();
+    let slot = ring.acquire_timeout(Duration::MAX).unwrap();
+    let data = payload(0, 0);
+    let mut slot = slot;
+    slot.bytes_mut()[..data.len()].copy_from_slice(&data);
+    slot.publish(SlotMeta::new(0, SlotLayout::bytes(data.len()))).unwrap();
+    check_slot(&ring.next_timeout(&stream, Duration::MAX).unwrap(), &stream, 0);
+    // A zero timeout on a full ring gives up at once (no polling past the deadline).
+    let _held = ring.acquire().unwrap();
+    match ring.acquire_timeout(Duration::ZERO) {
+        Err(Error::Timeout { waited, .. }) => assert!(waited < Duration::from_secs(1), "{waited:?}"),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    match ring.next_timeout(&stream, Duration::ZERO) {
+        Err(Error::Timeout { .. }) => {}
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+}
+
+/// One acquire that finds the ring full counts one producer wait, however it retries: the
+/// pipelined fill's tries while it publishes, then its blocking acquire.
+fn one_blocked_acquire_counts_one_wait(device: Device) {
+    let ring = SlotRing::new(device, RingOptions::new(2, SLOT)).unwrap();
+    let pool = PackExecutor::new(2).unwrap();
+    let data = vec![7u8; 1000];
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            // Items 0 and 1 fill the ring; item 2 waits for this consumer, once.
+            std::thread::sleep(Duration::from_millis(200));
+            let stream = Stream::new(device).unwrap();
+            for _ in 0..3 {
+                drop(ring.next(&stream).unwrap());
+            }
+        });
+        let items = (0..3).map(|i| cuferry::ring::SlotFill::bytes(i, &data));
+        assert_eq!(ring.produce(&pool, 2, items).unwrap(), 3);
+    });
+    assert_eq!(ring.stats().producer_waits, 1, "{:?}", ring.stats());
+    // Plain acquires: a miss on a full ring counts once, whether it blocks, times out or
+    // would block.
+    let held = (ring.acquire().unwrap(), ring.acquire().unwrap());
+    assert!(matches!(ring.try_acquire(), Err(Error::WouldBlock { .. })));
+    assert!(matches!(ring.acquire_timeout(Duration::from_millis(1)), Err(Error::Timeout { .. })));
+    assert_eq!(ring.stats().producer_waits, 3, "{:?}", ring.stats());
+    drop(held);
+}
+
+/// `host_bytes` never hands out more bytes than the slot's memory holds, even when a custom
+/// backend (safe code) overstates its slot size and so lets a longer publish through.
+#[test]
+fn host_bytes_is_bounded_by_the_slot_memory() {
+    let ring = flaky_ring(Device::Host, |b| b.overstating_slot_bytes(1 << 30));
+    let stream = Stream::new(Device::Host).unwrap();
+    ring.acquire().unwrap().publish(SlotMeta::new(0, SlotLayout::bytes(64 << 20))).unwrap();
+    let slot = ring.next(&stream).unwrap();
+    assert_eq!(slot.buffer().unwrap().len(), SLOT);
+    match slot.host_bytes() {
+        Err(Error::InvalidArgument { what }) => assert!(what.contains("exceeds"), "{what}"),
+        other => panic!("expected an error, got {:?}", other.map(<[u8]>::len)),
+    }
 }
 
 /// A publish racing a close either fails with `Closed` or reaches the consumer, who drains it
@@ -473,6 +573,12 @@ fn spinning_pack_executor_copies_every_byte_and_stops() {
         // polling would hang the test here).
         drop(pool);
     }
+    // Closing stops the polling at once: a drop does not wait out a long spin.
+    let pool = PackExecutor::with_spin(2, Duration::from_secs(30)).unwrap();
+    pool.copy(&rng.bytes(1 << 20), &mut vec![0u8; 1 << 20]).unwrap();
+    let started = std::time::Instant::now();
+    drop(pool);
+    assert!(started.elapsed() < Duration::from_secs(10), "drop took {:?}", started.elapsed());
     assert!(PackExecutor::with_spin(0, Duration::from_micros(10)).is_err());
     assert_eq!(PackExecutor::new(2).unwrap().spin(), Duration::ZERO);
 }

@@ -294,7 +294,7 @@ unsafe fn fan_out_prefetch(batch: &Batch, stream: &Stream) -> Result<()> {
         // Part of the set may be queued but the caller's use will not be recorded (the
         // tracker's rule for failed operations): wait for it here so nothing is freed under it.
         for h in helpers.iter() {
-            let _ = h.synchronize();
+            let _ = h.wait_idle();
         }
     }
     result.and(ordered)

@@ -98,7 +98,7 @@ impl UseTracker {
             Err(err) => {
                 // The operation is queued but untracked: wait for it here so nothing is freed
                 // under it, then report the failure.
-                let _ = stream.synchronize();
+                let _ = stream.wait_idle();
                 Err(err)
             }
         }

@@ -79,12 +79,12 @@ impl Latch {
 }
 
 /// A worker's loop: chunks until the queue closes and drains, polling for up to `spin` after
-/// each one before it sleeps.
+/// each one before it sleeps (not once the queue is closed: a drop joins the workers).
 fn work(queue: &WorkQueue<Chunk>, spin: Duration) {
     loop {
         let start = Instant::now();
         let mut polled = None;
-        while polled.is_none() && start.elapsed() < spin {
+        while polled.is_none() && start.elapsed() < spin && !queue.is_closed() {
             polled = queue.try_pop();
             std::hint::spin_loop();
         }

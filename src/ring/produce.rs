@@ -211,13 +211,15 @@ impl<'e> Line<'_, 'e> {
         self.pending.front().is_some_and(|f| f.latch.is_done())
     }
 
-    /// A slot for the next item, publishing older fills while the ring is full.
+    /// A slot for the next item, publishing older fills while the ring is full (one producer
+    /// wait counted however many tries that takes).
     fn acquire(&mut self) -> Result<ProducerSlot> {
+        let mut counted = false;
         loop {
-            match self.ring.try_reserve() {
+            match self.ring.try_reserve(&mut counted) {
                 Ok(slot) => return self.await_upload(slot),
                 Err(Error::WouldBlock { .. }) if !self.pending.is_empty() => self.publish_front()?,
-                Err(Error::WouldBlock { .. }) => return self.ring.acquire(),
+                Err(Error::WouldBlock { .. }) => return self.ring.acquire_counted(&mut counted),
                 Err(e) => return Err(e),
             }
         }

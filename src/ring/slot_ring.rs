@@ -139,23 +139,32 @@ impl Shared {
         let _ = self.free_device.0.send(device);
     }
 
-    /// Takes an index from `queue`, honouring close and the deadline.
-    fn take(&self, queue: &Receiver<usize>, deadline: Option<Instant>, what: &'static str) -> Result<usize> {
+    /// Takes an index from `queue`, honouring close and the deadline. The first miss of one
+    /// acquire (while `counted` is false) counts one producer wait.
+    fn take(
+        &self,
+        queue: &Receiver<usize>,
+        deadline: Option<Instant>,
+        what: &'static str,
+        counted: &mut bool,
+    ) -> Result<usize> {
         if let Ok(i) = queue.try_recv() {
             return Ok(i);
         }
         if self.is_closed() {
             return Err(self.closed_error());
         }
-        self.producer_waits.fetch_add(1, Ordering::Relaxed);
+        if !std::mem::replace(counted, true) {
+            self.producer_waits.fetch_add(1, Ordering::Relaxed);
+        }
         let Some(deadline) = deadline else {
             return Err(Error::WouldBlock { what });
         };
-        if let Some(i) = poll_briefly(queue, || self.is_closed()) {
+        let started = Instant::now();
+        if let Some(i) = poll_briefly(queue, deadline, || self.is_closed()) {
             return Ok(i);
         }
-        let started = Instant::now();
-        let timeout = deadline.saturating_duration_since(started);
+        let timeout = deadline.saturating_duration_since(Instant::now());
         select! {
             recv(queue) -> msg => msg.map_err(|_| self.closed_error()),
             recv(self.closed_rx) -> _ => Err(self.closed_error()),
@@ -169,14 +178,15 @@ impl Shared {
 /// upload (1.2 us at 55 GB/s), so small slots ran at 6% of the link on an H100 machine.
 const POLL_BEFORE_SLEEP: Duration = Duration::from_micros(50);
 
-/// Polls `queue` for up to [`POLL_BEFORE_SLEEP`]; `None` when nothing came or `closed()`.
-fn poll_briefly<T>(queue: &Receiver<T>, closed: impl Fn() -> bool) -> Option<T> {
-    let start = Instant::now();
+/// Polls `queue` for up to [`POLL_BEFORE_SLEEP`], and not past `deadline`; `None` when
+/// nothing came or `closed()`.
+fn poll_briefly<T>(queue: &Receiver<T>, deadline: Instant, closed: impl Fn() -> bool) -> Option<T> {
+    let until = deadline.min(Instant::now() + POLL_BEFORE_SLEEP);
     loop {
         if let Ok(v) = queue.try_recv() {
             return Some(v);
         }
-        if closed() || start.elapsed() >= POLL_BEFORE_SLEEP {
+        if closed() || Instant::now() >= until {
             return None;
         }
         for _ in 0..64 {
@@ -202,6 +212,36 @@ impl std::fmt::Debug for SlotRing {
 
 /// How long "blocking forever" waits in one go (re-armed until something happens).
 const FOREVER: Duration = Duration::from_secs(3600 * 24 * 365);
+
+/// Gives a device slot back to the free queue when dropped, on every path (errors and panics
+/// of a custom backend included), first waiting on the host for `wait_for` when it is set
+/// (the consumer's stream, when no consumed point was recorded). `defuse` keeps the slot.
+struct DeviceSlotReturn<'a> {
+    shared: &'a Shared,
+    device: usize,
+    wait_for: Option<&'a Stream>,
+    armed: bool,
+}
+
+impl DeviceSlotReturn<'_> {
+    fn defuse(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for DeviceSlotReturn<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if let Some(stream) = self.wait_for {
+            // Only a host wait keeps the next upload from racing the consumer's work. Errors
+            // stay on the stream for its owner.
+            let _ = stream.wait_idle();
+        }
+        self.shared.return_device(self.device);
+    }
+}
 
 impl SlotRing {
     /// A ring on `device` with freshly allocated slots (pinned host slots on CUDA).
@@ -300,21 +340,32 @@ impl SlotRing {
     ///
     /// [`Error::Closed`] once the ring is closed; CUDA errors waiting for the host slot.
     pub fn acquire(&self) -> Result<ProducerSlot> {
+        self.acquire_counted(&mut false)
+    }
+
+    /// [`SlotRing::acquire`] as part of a larger acquire that counts one producer wait at
+    /// most (`counted`: whether it was counted already).
+    pub(super) fn acquire_counted(&self, counted: &mut bool) -> Result<ProducerSlot> {
         loop {
-            match self.acquire_until(Some(Instant::now() + FOREVER)) {
+            match self.acquire_until(Some(Instant::now() + FOREVER), counted) {
                 Err(Error::Timeout { .. }) => continue,
                 other => return other,
             }
         }
     }
 
-    /// Like [`SlotRing::acquire`], giving up after `timeout` with [`Error::Timeout`].
+    /// Like [`SlotRing::acquire`], giving up after `timeout` with [`Error::Timeout`] (a
+    /// timeout too long to represent waits forever). The timeout bounds the wait for a free
+    /// slot; the host slot's last upload, already queued, is then waited for in full.
     ///
     /// # Errors
     ///
     /// [`Error::Timeout`], [`Error::Closed`], CUDA errors.
     pub fn acquire_timeout(&self, timeout: Duration) -> Result<ProducerSlot> {
-        self.acquire_until(Some(Instant::now() + timeout))
+        match Instant::now().checked_add(timeout) {
+            Some(deadline) => self.acquire_until(Some(deadline), &mut false),
+            None => self.acquire(),
+        }
     }
 
     /// Like [`SlotRing::acquire`] without waiting: [`Error::WouldBlock`] when no slot is free.
@@ -323,11 +374,11 @@ impl SlotRing {
     ///
     /// [`Error::WouldBlock`], [`Error::Closed`], CUDA errors.
     pub fn try_acquire(&self) -> Result<ProducerSlot> {
-        self.acquire_until(None)
+        self.acquire_until(None, &mut false)
     }
 
-    fn acquire_until(&self, deadline: Option<Instant>) -> Result<ProducerSlot> {
-        self.reserve_until(deadline)?.wait()
+    fn acquire_until(&self, deadline: Option<Instant>, counted: &mut bool) -> Result<ProducerSlot> {
+        self.reserve_until(deadline, counted)?.wait()
     }
 
     /// Like [`SlotRing::try_acquire`], without waiting for the host slot's last upload: the
@@ -336,20 +387,21 @@ impl SlotRing {
     /// # Errors
     ///
     /// As [`SlotRing::try_acquire`], without the wait's.
-    pub(super) fn try_reserve(&self) -> Result<UnwaitedSlot> {
-        self.reserve_until(None)
+    pub(super) fn try_reserve(&self, counted: &mut bool) -> Result<UnwaitedSlot> {
+        self.reserve_until(None, counted)
     }
 
     /// Takes a free device slot and a free host slot (the host slot's upload may still run).
-    fn reserve_until(&self, deadline: Option<Instant>) -> Result<UnwaitedSlot> {
+    /// Finding either queue empty counts one producer wait, unless `counted` already.
+    fn reserve_until(&self, deadline: Option<Instant>, counted: &mut bool) -> Result<UnwaitedSlot> {
         let s = &self.shared;
         if s.is_closed() {
             return Err(s.closed_error());
         }
-        let device = s.take(&s.free_device.1, deadline, "no free device slot")?;
+        let device = s.take(&s.free_device.1, deadline, "no free device slot", counted)?;
         let occupied = s.occupancy.fetch_add(1, Ordering::AcqRel) + 1;
         s.high_water.fetch_max(occupied, Ordering::AcqRel);
-        let host = match s.take(&s.free_host.1, deadline, "no free host slot") {
+        let host = match s.take(&s.free_host.1, deadline, "no free host slot", counted) {
             Ok(h) => h,
             Err(e) => {
                 s.return_device(device);
@@ -374,13 +426,17 @@ impl SlotRing {
         }
     }
 
-    /// Like [`SlotRing::next`], giving up after `timeout` with [`Error::Timeout`].
+    /// Like [`SlotRing::next`], giving up after `timeout` with [`Error::Timeout`] (a timeout
+    /// too long to represent waits forever).
     ///
     /// # Errors
     ///
     /// [`Error::Timeout`], [`Error::Closed`], CUDA errors.
     pub fn next_timeout(&self, stream: &Stream, timeout: Duration) -> Result<ConsumerSlot> {
-        self.next_until(stream, Some(Instant::now() + timeout))
+        match Instant::now().checked_add(timeout) {
+            Some(deadline) => self.next_until(stream, Some(deadline)),
+            None => self.next(stream),
+        }
     }
 
     /// Like [`SlotRing::next`] without waiting: [`Error::WouldBlock`] when nothing is ready.
@@ -404,11 +460,11 @@ impl SlotRing {
                 let Some(deadline) = deadline else {
                     return Err(Error::WouldBlock { what: "no published slot" });
                 };
-                match poll_briefly(ready, || s.is_closed()) {
+                let started = Instant::now();
+                match poll_briefly(ready, deadline, || s.is_closed()) {
                     Some(p) => p,
                     None => {
-                        let started = Instant::now();
-                        let timeout = deadline.saturating_duration_since(started);
+                        let timeout = deadline.saturating_duration_since(Instant::now());
                         select! {
                             recv(ready) -> msg => msg.map_err(|_| s.closed_error())?,
                             recv(s.closed_rx) -> _ => ready.try_recv().map_err(|_| s.closed_error())?,
@@ -423,11 +479,11 @@ impl SlotRing {
                 }
             }
         };
-        if let Err(e) = s.backend.wait_stream_for_ready(published.device, stream) {
-            // The slot cannot be handed out safely; give it back (its data is dropped).
-            s.return_device(published.device);
-            return Err(e);
-        }
+        // Until the consumer's guard exists, a failure (or a panicking custom backend) gives the
+        // slot back: it cannot be handed out safely, and its data is dropped.
+        let give_back = DeviceSlotReturn { shared: s, device: published.device, wait_for: None, armed: true };
+        s.backend.wait_stream_for_ready(published.device, stream)?;
+        give_back.defuse();
         Ok(ConsumerSlot {
             shared: Arc::clone(&self.shared),
             device: published.device,
@@ -657,13 +713,22 @@ impl ConsumerSlot {
                 "host_bytes on CUDA device slots; copy them out with cuferry::copy",
             ));
         }
+        // `publish` checked the length against the backend's `slot_bytes`, which a custom
+        // backend (safe code) may overstate: the slice is checked against the memory itself.
+        if self.meta.bytes > buffer.len() {
+            return Err(Error::invalid(format!(
+                "the slot's published length ({} bytes) exceeds its device slot ({} bytes)",
+                self.meta.bytes,
+                buffer.len()
+            )));
+        }
         self.shared.backend.synchronize_ready(self.device)?;
         if self.meta.bytes == 0 {
             return Ok(&[]);
         }
-        // SAFETY: host-backend device memory is host memory of at least `meta.bytes` bytes
-        // (validated at publish); the upload into it finished (synchronize_ready) and no upload
-        // can be queued into it until this guard releases it.
+        // SAFETY: host-backend device memory is host memory of `buffer.len()` bytes, at least
+        // `meta.bytes` (checked above); the upload into it finished (synchronize_ready) and no
+        // upload can be queued into it until this guard releases it.
         Ok(unsafe { std::slice::from_raw_parts(buffer.as_ptr(), self.meta.bytes) })
     }
 
@@ -705,12 +770,18 @@ impl ConsumerSlot {
         if std::mem::replace(&mut self.released, true) {
             return Ok(());
         }
+        // The slot goes back on every path; until the consumed point is known to be recorded
+        // (an error, or a panicking custom backend), after a host wait for the stream.
+        let mut give_back = DeviceSlotReturn {
+            shared: &self.shared,
+            device: self.device,
+            wait_for: Some(&self.stream),
+            armed: true,
+        };
         let recorded = self.shared.backend.release(self.device, &self.stream);
-        if recorded.is_err() {
-            // Without a consumed point, only a host wait keeps the next upload from racing.
-            let _ = self.stream.synchronize();
+        if recorded.is_ok() {
+            give_back.wait_for = None;
         }
-        self.shared.return_device(self.device);
         recorded
     }
 }

@@ -39,6 +39,12 @@ impl CudaStream {
         self.take_error()
     }
 
+    /// Waits for the queued work, leaving a host function's error for the next
+    /// `synchronize` or `query`.
+    pub(crate) fn wait_idle(&self) -> Result<()> {
+        raw::synchronize(self.raw)
+    }
+
     pub(crate) fn query(&self) -> Result<bool> {
         self.take_error()?;
         raw::query(self.raw)

@@ -134,6 +134,14 @@ impl HostQueue {
         st.error.take().map_or(Ok(()), Err)
     }
 
+    /// Waits for every job submitted before the call, leaving a job error for the next
+    /// `synchronize` or `query`.
+    pub(crate) fn wait_idle(&self) {
+        let st = self.progress.lock();
+        let target = st.submitted;
+        drop(self.progress.state.wait_while(st, |st| st.completed < target));
+    }
+
     /// True when every submitted job has finished; returns a pending job error first.
     pub(crate) fn query(&self) -> Result<bool> {
         let mut st = self.progress.lock();
@@ -226,6 +234,28 @@ mod tests {
         q.synchronize().unwrap();
         runner.join().unwrap();
         assert_eq!(log.lock().unwrap().iter().map(|e| e.0).collect::<Vec<_>>(), ["inline", "later"]);
+    }
+
+    #[test]
+    fn wait_idle_waits_and_leaves_the_error_for_synchronize() {
+        let q = HostQueue::new(9004).unwrap();
+        let (release, gate) = mpsc::channel::<()>();
+        q.submit(Box::new(move || {
+            let _ = gate.recv();
+            Err(Error::invalid("job failed"))
+        }))
+        .unwrap();
+        let waiter = thread::spawn(move || {
+            q.wait_idle();
+            q
+        });
+        thread::sleep(Duration::from_millis(20));
+        assert!(!waiter.is_finished(), "wait_idle returned before the job ran");
+        release.send(()).unwrap();
+        let q = waiter.join().unwrap();
+        assert!(q.is_idle());
+        assert!(matches!(q.synchronize(), Err(Error::InvalidArgument { .. })));
+        q.synchronize().unwrap();
     }
 
     #[test]

@@ -120,6 +120,24 @@ impl Stream {
         }
     }
 
+    /// Blocks until all work queued before the call has finished, without reporting: a job's
+    /// error stays for the next [`Stream::synchronize`] or [`Stream::query`], and a drop
+    /// failure for whoever checks next. For waits that keep memory safe on an error path,
+    /// which must not swallow reports meant for the user.
+    ///
+    /// # Errors
+    ///
+    /// CUDA errors of the wait itself.
+    pub(crate) fn wait_idle(&self) -> Result<()> {
+        match &self.shared.backend {
+            StreamBackend::Host(q) => {
+                q.wait_idle();
+                Ok(())
+            }
+            StreamBackend::Cuda(s) => s.wait_idle(),
+        }
+    }
+
     /// True when all queued work has finished; does not block.
     ///
     /// # Errors

@@ -1,24 +1,55 @@
-//! Helpers shared by the ring tests (included with `#[path]`): a backend that fails
-//! submissions on purpose.
+//! Helpers shared by the ring tests (included with `#[path]`): a backend that misbehaves on
+//! purpose (failed submissions, panics, an overstated slot size), as a custom backend may.
 #![allow(dead_code)]
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use cuferry::ring::{StreamTransferBackend, TransferBackend, TransferCapabilities};
 use cuferry::{Device, DeviceBuffer, Error, Stream};
 
-/// A backend whose every `fail_every`-th submission fails, wrapping the real one.
+/// A backend whose every `fail_every`-th submission fails, wrapping the real one; optionally
+/// it panics once in `wait_stream_for_ready` or `release`, or overstates its slot size.
 pub struct FlakyBackend {
     inner: StreamTransferBackend,
     calls: AtomicUsize,
     fail_every: usize,
+    panic_in_wait: AtomicBool,
+    panic_in_release: AtomicBool,
+    claimed_slot_bytes: Option<usize>,
 }
 
 impl FlakyBackend {
-    /// Wraps `inner`; its `fail_every`-th, `2 * fail_every`-th, ... submissions fail.
+    /// Wraps `inner`; its `fail_every`-th, `2 * fail_every`-th, ... submissions fail
+    /// (`usize::MAX`: none does in practice).
     pub fn new(inner: StreamTransferBackend, fail_every: usize) -> Self {
-        FlakyBackend { inner, calls: AtomicUsize::new(0), fail_every }
+        FlakyBackend {
+            inner,
+            calls: AtomicUsize::new(0),
+            fail_every,
+            panic_in_wait: AtomicBool::new(false),
+            panic_in_release: AtomicBool::new(false),
+            claimed_slot_bytes: None,
+        }
+    }
+
+    /// The next `wait_stream_for_ready` panics (user code in a custom backend).
+    pub fn panic_once_in_wait(self) -> Self {
+        self.panic_in_wait.store(true, Ordering::SeqCst);
+        self
+    }
+
+    /// The next `release` panics before recording anything.
+    pub fn panic_once_in_release(self) -> Self {
+        self.panic_in_release.store(true, Ordering::SeqCst);
+        self
+    }
+
+    /// `slot_bytes` says `bytes`, and submissions longer than the real slots "succeed"
+    /// without copying: a wrong backend written in safe code.
+    pub fn overstating_slot_bytes(mut self, bytes: usize) -> Self {
+        self.claimed_slot_bytes = Some(bytes);
+        self
     }
 }
 
@@ -45,7 +76,7 @@ impl TransferBackend for FlakyBackend {
         self.inner.device_slot_count()
     }
     fn slot_bytes(&self) -> usize {
-        self.inner.slot_bytes()
+        self.claimed_slot_bytes.unwrap_or_else(|| self.inner.slot_bytes())
     }
     unsafe fn host_slot_mut(&self, host: usize) -> cuferry::Result<&mut [u8]> {
         // SAFETY: forwarded with the caller's guarantees.
@@ -57,6 +88,9 @@ impl TransferBackend for FlakyBackend {
     unsafe fn submit_upload(&self, host: usize, device: usize, bytes: usize) -> cuferry::Result<Duration> {
         if self.calls.fetch_add(1, Ordering::SeqCst) % self.fail_every == self.fail_every - 1 {
             return Err(Error::Unsupported { what: "injected submit failure".into() });
+        }
+        if self.claimed_slot_bytes.is_some() && bytes > self.inner.slot_bytes() {
+            return Ok(Duration::ZERO);
         }
         // SAFETY: forwarded with the caller's guarantees.
         unsafe { self.inner.submit_upload(host, device, bytes) }
@@ -71,9 +105,15 @@ impl TransferBackend for FlakyBackend {
         self.inner.synchronize_ready(device)
     }
     fn wait_stream_for_ready(&self, device: usize, stream: &Stream) -> cuferry::Result<()> {
+        if self.panic_in_wait.swap(false, Ordering::SeqCst) {
+            panic!("injected panic in wait_stream_for_ready");
+        }
         self.inner.wait_stream_for_ready(device, stream)
     }
     fn release(&self, device: usize, stream: &Stream) -> cuferry::Result<()> {
+        if self.panic_in_release.swap(false, Ordering::SeqCst) {
+            panic!("injected panic in release");
+        }
         self.inner.release(device, stream)
     }
     fn device_slot(&self, device: usize) -> cuferry::Result<&DeviceBuffer<u8>> {
