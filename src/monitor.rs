@@ -78,8 +78,11 @@ impl<T> Monitor<T> {
             return MonitorGuard(inner);
         }
         inner.waiters += 1;
-        let mut inner =
-            self.changed.wait_while(inner, |c| condition(&mut c.value)).unwrap_or_else(|e| e.into_inner());
+        // Not `Condvar::wait_while`: once the lock is poisoned it returns at the first wake-up
+        // (spurious ones included) without checking the condition again.
+        while condition(&mut inner.value) {
+            inner = self.changed.wait(inner).unwrap_or_else(|e| e.into_inner());
+        }
         inner.waiters -= 1;
         MonitorGuard(inner)
     }
@@ -131,6 +134,23 @@ mod tests {
         for w in waiters {
             assert!(w.join().unwrap());
         }
+    }
+
+    #[test]
+    fn a_poisoned_lock_does_not_end_a_wait_early() {
+        let m = Arc::new(Monitor::<u32>::default());
+        let poisoner = Arc::clone(&m);
+        let _ = thread::spawn(move || poisoner.update(|_| panic!("poison the lock"))).join();
+        let w = Arc::clone(&m);
+        let waiter = thread::spawn(move || *w.wait_while(w.lock(), |v| *v < 2));
+        while m.lock().0.waiters == 0 {
+            thread::yield_now();
+        }
+        // A wake-up whose change does not meet the condition: the waiter must wait on.
+        m.update(|v| *v = 1);
+        thread::sleep(std::time::Duration::from_millis(50));
+        m.update(|v| *v = 2);
+        assert_eq!(waiter.join().unwrap(), 2, "wait_while returned with its condition still true");
     }
 
     #[test]

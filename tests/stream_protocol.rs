@@ -237,3 +237,42 @@ fn cross_backend_waits() {
     h.synchronize().unwrap();
     assert!(cev.query().unwrap());
 }
+
+/// A record racing a `wait_event` on the same host stream from another thread: the wait must
+/// never capture the new generation before the job completing it is queued (a wait job in
+/// front of it blocked the stream's worker for good, within about 10k rounds).
+#[test]
+fn record_racing_wait_event_on_one_host_stream_never_wedges_it() {
+    use std::sync::Barrier;
+    use std::time::Instant;
+    let stream = Stream::new(Device::Host).unwrap();
+    let event = Arc::new(Event::new(Device::Host).unwrap());
+    let rounds = 30_000;
+    let barrier = Arc::new(Barrier::new(2));
+    let (s2, ev2, b2) = (stream.clone(), Arc::clone(&event), Arc::clone(&barrier));
+    let waiter = std::thread::spawn(move || {
+        for _ in 0..rounds {
+            b2.wait();
+            // Wait as soon as the new record shows as pending (or shortly after).
+            let t0 = Instant::now();
+            while ev2.query().unwrap() && t0.elapsed() < Duration::from_micros(200) {
+                std::hint::spin_loop();
+            }
+            s2.wait_event(&ev2).unwrap();
+            b2.wait();
+        }
+    });
+    for round in 0..rounds {
+        barrier.wait();
+        // Keep the stream busy for a moment so the record needs a completion job.
+        stream.host_fn(|| std::hint::black_box(())).unwrap();
+        event.record(&stream).unwrap();
+        barrier.wait();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !stream.query().unwrap() {
+            assert!(Instant::now() < deadline, "round {round}: the host stream never drained");
+            std::thread::yield_now();
+        }
+    }
+    waiter.join().unwrap();
+}

@@ -5,9 +5,17 @@
 //! - A wait captures a generation and returns once that generation has completed, whatever
 //!   is recorded later (the `cudaStreamWaitEvent` rule).
 //! - A generation whose job could not be queued is completed at once, so no one waits forever.
+//! - A generation becomes visible (to `pending_generation`, hence to `wait_event`) only with
+//!   its completion job already queued: the record holds the event's lock through the submit.
+//!   A wait queued on the same stream in between would sit in front of that job and block the
+//!   stream's worker forever. Lock order: the event's lock, then the queue's.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Instant;
+
+use crate::error::Result;
+use crate::stream::HostQueue;
 
 use crate::monitor::{Monitor, MonitorGuard};
 
@@ -33,14 +41,33 @@ impl HostEventState {
         self.state.lock()
     }
 
-    /// Starts a new generation and returns it.
-    pub(crate) fn begin_record(&self) -> u64 {
+    /// Records a new generation at the end of `queue`: complete at once when the queue is
+    /// idle (everything before the record has finished; work queued later is after it), else
+    /// completed by a job queued now (see the module rules).
+    ///
+    /// # Errors
+    ///
+    /// The queue's, when the job cannot be queued (the generation is completed then).
+    pub(crate) fn record_on(self: &Arc<Self>, queue: &HostQueue) -> Result<()> {
         let mut g = self.lock();
         g.recorded += 1;
         let generation = g.recorded;
+        if queue.is_idle() {
+            g.latest_completed_at = Some(Instant::now());
+            return Ok(());
+        }
         g.pending.insert(generation);
         g.latest_completed_at = None;
-        generation
+        let state = Arc::clone(self);
+        let queued = queue.submit(Box::new(move || {
+            state.complete(generation);
+            Ok(())
+        }));
+        if queued.is_err() {
+            g.pending.remove(&generation);
+            g.latest_completed_at = Some(Instant::now());
+        }
+        queued
     }
 
     /// Marks `generation` complete and wakes waiters.

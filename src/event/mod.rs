@@ -134,24 +134,7 @@ impl Event {
             )));
         }
         match (&self.backend, stream.backend()) {
-            (EventBackend::Host(state), StreamBackend::Host(q)) => {
-                let generation = state.begin_record();
-                if q.is_idle() {
-                    // Everything queued before this record has finished: complete it now
-                    // rather than through a job (work queued later is after the record).
-                    state.complete(generation);
-                    return Ok(());
-                }
-                let job_state = Arc::clone(state);
-                let queued = q.submit(Box::new(move || {
-                    job_state.complete(generation);
-                    Ok(())
-                }));
-                if queued.is_err() {
-                    state.complete(generation);
-                }
-                queued
-            }
+            (EventBackend::Host(state), StreamBackend::Host(q)) => state.record_on(q),
             (EventBackend::Cuda(ev), StreamBackend::Cuda(s)) => raw::record(ev.raw, s.raw),
             _ => Err(Error::invalid("event and stream belong to different backends")),
         }

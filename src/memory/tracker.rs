@@ -10,6 +10,8 @@
 //!   the remembered event. Freeing therefore never races queued work.
 //! - The tracker's lock is held from the wait through the record, so two threads queueing on
 //!   one buffer cannot interleave between an operation and its record.
+//! - An operation locks its buffers' trackers in address order, whatever order the caller
+//!   lists them in: two threads queueing on the same buffers cannot deadlock.
 //! - Memory allocated in stream order (managed pools) names its allocation stream: the first
 //!   use on another stream waits for that stream first.
 
@@ -62,6 +64,11 @@ impl UseTracker {
         trackers: &[&UseTracker],
         enqueue: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
+        // Locked in one global order (by address): two operations naming the same buffers in
+        // different orders, on two threads, would otherwise deadlock. Nothing below depends on
+        // the caller's order.
+        let mut trackers: Vec<&UseTracker> = trackers.to_vec();
+        trackers.sort_unstable_by_key(|t| std::ptr::from_ref::<UseTracker>(t) as usize);
         let mut guards: Vec<MutexGuard<'_, Option<LastUse>>> = trackers.iter().map(|t| t.lock()).collect();
         let mut waited: Vec<&Arc<Event>> = Vec::new();
         for (tracker, guard) in trackers.iter().zip(&guards) {
@@ -131,4 +138,58 @@ fn reusable_event(guards: &[MutexGuard<'_, Option<LastUse>>], stream: &Stream) -
         (last.event.device() == stream.device() && Arc::strong_count(&last.event) == holders)
             .then(|| Arc::clone(&last.event))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{mpsc, Arc};
+    use std::thread;
+    use std::time::Duration;
+
+    use super::UseTracker;
+    use crate::device::Device;
+    use crate::stream::Stream;
+
+    /// Two operations on buffers `a` and `b`, listed in opposite orders, on two threads,
+    /// while a third use holds `b`: locked in list order, one held `a` waiting for `b` and
+    /// the other got `b` and waited for `a`, for good.
+    #[test]
+    fn trackers_listed_in_opposite_orders_never_deadlock() {
+        let (a, b) = (Arc::new(UseTracker::default()), Arc::new(UseTracker::default()));
+        for round in 0..10 {
+            let (done, finished) = mpsc::channel::<()>();
+            let holder = {
+                let b = Arc::clone(&b);
+                thread::spawn(move || {
+                    let stream = Stream::new(Device::Host).unwrap();
+                    UseTracker::use_on(&stream, &[&b], || {
+                        thread::sleep(Duration::from_millis(30));
+                        Ok(())
+                    })
+                    .unwrap();
+                })
+            };
+            let users: Vec<_> = [false, true]
+                .into_iter()
+                .map(|reversed| {
+                    let (a, b, done) = (Arc::clone(&a), Arc::clone(&b), done.clone());
+                    thread::spawn(move || {
+                        thread::sleep(Duration::from_millis(10));
+                        let stream = Stream::new(Device::Host).unwrap();
+                        let list: [&UseTracker; 2] = if reversed { [&b, &a] } else { [&a, &b] };
+                        UseTracker::use_on(&stream, &list, || Ok(())).unwrap();
+                        done.send(()).unwrap();
+                    })
+                })
+                .collect();
+            for _ in 0..2 {
+                assert!(
+                    finished.recv_timeout(Duration::from_secs(10)).is_ok(),
+                    "round {round}: two uses of the same buffers deadlocked"
+                );
+            }
+            holder.join().unwrap();
+            users.into_iter().for_each(|u| u.join().unwrap());
+        }
+    }
 }
