@@ -278,8 +278,8 @@ extern "C" {
 const char *cuferry_version(void);
 
 /**
- * The message of this thread's last failed call ("" if none). Valid until the next failing
- * call on this thread.
+ * The message of this thread's last failed call ("" if none, and during thread teardown).
+ * Valid until the next failing call on this thread.
  */
 const char *cuferry_last_error_message(void);
 
@@ -347,7 +347,9 @@ enum CuferryStatus cuferry_device_alloc(const struct CuferryStream *stream,
                                         struct CuferryBuffer **out);
 
 /**
- * Frees a buffer after the copies queued on it (NULL is a no-op).
+ * Frees a buffer after the copies queued on it (NULL is a no-op). The handle is freed
+ * whatever the status: an error reports a failed wait for those copies, and must not be
+ * answered by freeing it again.
  *
  * # Safety
  *

@@ -228,6 +228,10 @@ pub unsafe extern "C" fn cuferry_halo_pack_buffer(
     bytes: *mut usize,
 ) -> CuferryStatus {
     guard(|| {
+        // Both checked before either is written, and before the wait.
+        if ptr.is_null() || bytes.is_null() {
+            return Err(Error::invalid("an out-parameter is NULL"));
+        }
         // SAFETY: the caller's contract on `packer`.
         let buf = unsafe { handle(packer, "packer") }?.packer.pack_buffer()?;
         // SAFETY: the caller's contract on the out-parameters.
@@ -267,6 +271,10 @@ pub unsafe extern "C" fn cuferry_halo_unpack_buffer(
     bytes: *mut usize,
 ) -> CuferryStatus {
     guard(|| {
+        // Both checked before either is written, and before the wait.
+        if ptr.is_null() || bytes.is_null() {
+            return Err(Error::invalid("an out-parameter is NULL"));
+        }
         // SAFETY: the caller's contract on `packer`.
         let p = unsafe { packer.as_mut() }.ok_or_else(|| Error::invalid("packer is NULL"))?;
         let buf = p.packer.unpack_buffer_mut()?;

@@ -103,9 +103,16 @@ thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
 }
 
+/// Keeps `message` as this thread's last error. During thread teardown (a C library's
+/// pthread key destructor runs after Rust's thread-locals are gone) the message is dropped:
+/// `with` would panic there, outside any `catch_unwind`, and abort the process.
 pub(crate) fn set_last_error(message: String) {
     let c = CString::new(message.replace('\0', " ")).unwrap_or_default();
-    LAST_ERROR.with(|slot| *slot.borrow_mut() = c);
+    let _ = LAST_ERROR.try_with(|slot| {
+        if let Ok(mut kept) = slot.try_borrow_mut() {
+            *kept = c;
+        }
+    });
 }
 
 /// Runs `f`, turning its error or panic into a status and the thread's last error message.
@@ -178,11 +185,15 @@ pub extern "C" fn cuferry_version() -> *const c_char {
     concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
 }
 
-/// The message of this thread's last failed call ("" if none). Valid until the next failing
-/// call on this thread.
+/// The message of this thread's last failed call ("" if none, and during thread teardown).
+/// Valid until the next failing call on this thread.
 #[no_mangle]
 pub extern "C" fn cuferry_last_error_message() -> *const c_char {
-    LAST_ERROR.with(|slot| slot.borrow().as_ptr())
+    LAST_ERROR
+        .try_with(|slot| slot.try_borrow().map(|m| m.as_ptr()).ok())
+        .ok()
+        .flatten()
+        .unwrap_or(c"".as_ptr())
 }
 
 /// A static name for a status value, e.g. "CUFERRY_STATUS_INVALID_ARGUMENT"; takes a plain
@@ -312,7 +323,9 @@ pub unsafe extern "C" fn cuferry_device_alloc(
     })
 }
 
-/// Frees a buffer after the copies queued on it (NULL is a no-op).
+/// Frees a buffer after the copies queued on it (NULL is a no-op). The handle is freed
+/// whatever the status: an error reports a failed wait for those copies, and must not be
+/// answered by freeing it again.
 ///
 /// # Safety
 ///

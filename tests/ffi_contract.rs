@@ -1,0 +1,101 @@
+//! The C ABI's promises checked by calling its functions from Rust, on the host backend:
+//! out-parameters are written only on success, and no call aborts the process, even from a
+//! C library's thread-exit cleanup.
+
+use std::ffi::{c_void, CStr};
+use std::ptr;
+
+use cuferry::ffi::*;
+
+/// Eight `f32` in one dim; pack elements 0..2, unpack into 6..8.
+fn exchange_1d() -> CuferryHaloExchange {
+    let zeros = [0usize; CUFERRY_HALO_MAX_DIMS];
+    let mut e = CuferryHaloExchange {
+        element_size: 4,
+        ndim: 1,
+        shape: zeros,
+        strides: zeros,
+        x_dim: -1,
+        y_dim: -1,
+        pack_start: zeros,
+        pack_end: zeros,
+        rotation: 0,
+        unpack_start: zeros,
+        unpack_end: zeros,
+    };
+    e.shape[0] = 8;
+    e.pack_end[0] = 2;
+    e.unpack_start[0] = 6;
+    e.unpack_end[0] = 8;
+    e
+}
+
+#[test]
+fn halo_buffer_queries_write_nothing_when_they_fail() {
+    let exchange = exchange_1d();
+    let mut packer: *mut CuferryHaloPacker = ptr::null_mut();
+    // SAFETY: one valid exchange and a writable out-parameter.
+    assert_eq!(
+        unsafe { cuferry_halo_packer_create(CUFERRY_HOST, &exchange, 1, &mut packer) },
+        CuferryStatus::Ok
+    );
+    let sentinel = 0x1234usize as *mut c_void;
+    let (mut pack_ptr, mut unpack_ptr) = (sentinel, sentinel);
+    // SAFETY: a live packer; `bytes` NULL on purpose (allowed, and reported).
+    let statuses = unsafe {
+        (
+            cuferry_halo_pack_buffer(packer, &mut pack_ptr, ptr::null_mut()),
+            cuferry_halo_unpack_buffer(packer, &mut unpack_ptr, ptr::null_mut()),
+        )
+    };
+    assert_eq!(statuses, (CuferryStatus::InvalidArgument, CuferryStatus::InvalidArgument));
+    assert_eq!(pack_ptr, sentinel, "cuferry_halo_pack_buffer wrote ptr although it failed");
+    assert_eq!(unpack_ptr, sentinel, "cuferry_halo_unpack_buffer wrote ptr although it failed");
+    let mut bytes = 0usize;
+    // SAFETY: as above, both out-parameters writable this time.
+    assert_eq!(unsafe { cuferry_halo_pack_buffer(packer, &mut pack_ptr, &mut bytes) }, CuferryStatus::Ok);
+    assert!(pack_ptr != sentinel && bytes == 8, "{pack_ptr:?}, {bytes}");
+    // SAFETY: the packer is live and not used again.
+    assert_eq!(unsafe { cuferry_halo_packer_destroy(packer) }, CuferryStatus::Ok);
+}
+
+/// A C library's pthread key destructor, run at thread exit after Rust's thread-locals are
+/// gone, makes a failing call and reads the message.
+extern "C" fn failing_cleanup(_: *mut c_void) {
+    // SAFETY: NULL is an allowed (and reported) stream.
+    let status = unsafe { cuferry_stream_synchronize(ptr::null()) };
+    assert_eq!(status, CuferryStatus::InvalidArgument);
+    // SAFETY: the function always returns a NUL-terminated string.
+    let _ = unsafe { CStr::from_ptr(cuferry_last_error_message()) };
+}
+
+#[test]
+fn a_failing_call_during_thread_teardown_does_not_abort() {
+    // Run in a child process: on the old code the process aborts.
+    if std::env::var_os("CUFERRY_TEARDOWN_CHILD").is_some() {
+        std::thread::spawn(|| {
+            // SAFETY: NULL is an allowed stream; this sets the thread's last error first.
+            let _ = unsafe { cuferry_stream_synchronize(ptr::null()) };
+            let mut key: libc::pthread_key_t = 0;
+            // SAFETY: a fresh key with a destructor that takes any value.
+            unsafe {
+                assert_eq!(libc::pthread_key_create(&mut key, Some(failing_cleanup)), 0);
+                assert_eq!(libc::pthread_setspecific(key, 1 as *const c_void), 0);
+            }
+        })
+        .join()
+        .unwrap();
+        return;
+    }
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["a_failing_call_during_thread_teardown_does_not_abort", "--exact", "--test-threads=1"])
+        .env("CUFERRY_TEARDOWN_CHILD", "1")
+        .output()
+        .unwrap();
+    assert!(
+        child.status.success(),
+        "the child died: {:?}\n{}",
+        child.status,
+        String::from_utf8_lossy(&child.stderr)
+    );
+}
