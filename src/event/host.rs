@@ -15,9 +15,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::Result;
-use crate::stream::HostQueue;
-
 use crate::monitor::{Monitor, MonitorGuard};
+use crate::stream::HostQueue;
 
 /// Shared state of one host event.
 #[derive(Default)]

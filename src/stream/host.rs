@@ -128,18 +128,20 @@ impl HostQueue {
     /// Waits for every job submitted before the call; returns the first job error since the
     /// last check.
     pub(crate) fn synchronize(&self) -> Result<()> {
-        let st = self.progress.lock();
-        let target = st.submitted;
-        let mut st = self.progress.state.wait_while(st, |st| st.completed < target);
-        st.error.take().map_or(Ok(()), Err)
+        self.wait_submitted().error.take().map_or(Ok(()), Err)
     }
 
     /// Waits for every job submitted before the call, leaving a job error for the next
     /// `synchronize` or `query`.
     pub(crate) fn wait_idle(&self) {
+        drop(self.wait_submitted());
+    }
+
+    /// Waits until every job submitted before the call has finished; returns the state, locked.
+    fn wait_submitted(&self) -> MonitorGuard<'_, ProgressState> {
         let st = self.progress.lock();
         let target = st.submitted;
-        drop(self.progress.state.wait_while(st, |st| st.completed < target));
+        self.progress.state.wait_while(st, |st| st.completed < target)
     }
 
     /// True when every submitted job has finished; returns a pending job error first.
