@@ -98,8 +98,9 @@ typedef struct cuferry_device_props {
   int32_t integrated;
 } cuferry_device_props;
 
-/** A host function run by a stream after its earlier work: cudaLaunchHostFunc's callback. */
-typedef void (*cuferry_host_fn)(void *user_data);
+/** A host function run by a stream after its earlier work, exactly once: `status` is 0, or the
+ *  persistent CUDA error the stream hit before it (cudaStreamAddCallback's callback). */
+typedef void (*cuferry_host_fn)(cuferry_status status, void *user_data);
 
 /* ---- errors and versions ---------------------------------------------------------------- */
 
@@ -137,7 +138,9 @@ cuferry_status cuferry_cuda_stream_synchronize(cuferry_stream stream);
 cuferry_status cuferry_cuda_stream_query(cuferry_stream stream);
 /** Makes future work on `stream` wait for the last record of `event`. */
 cuferry_status cuferry_cuda_stream_wait_event(cuferry_stream stream, cuferry_event event);
-/** Queues `fn(user_data)` on `stream` (cudaLaunchHostFunc). `fn` must not call CUDA. */
+/** Queues `fn(status, user_data)` on `stream` (cudaStreamAddCallback): it is called exactly once,
+ *  also after a device error (cudaLaunchHostFunc's function would then never run, and what its
+ *  `user_data` owns would leak). `fn` must not call CUDA. */
 cuferry_status cuferry_cuda_stream_launch_host_fn(cuferry_stream stream, cuferry_host_fn fn,
                                              void *user_data);
 

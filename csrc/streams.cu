@@ -2,7 +2,26 @@
 //
 // Rules: streams are created non-blocking (no implicit sync with the legacy default stream);
 // destroying a stream or event with work pending is legal and the work still completes.
+#include <new>
+
 #include "common.cuh"
+
+namespace {
+
+// What cf_host_callback needs: the caller's function and its data.
+struct cf_host_call {
+  cuferry_host_fn fn;
+  void *user_data;
+};
+
+// cudaStreamAddCallback's callback: CUDA calls it exactly once per successful add.
+void CUDART_CB cf_host_callback(cudaStream_t, cudaError_t status, void *call_ptr) {
+  cf_host_call call = *static_cast<cf_host_call *>(call_ptr);
+  delete static_cast<cf_host_call *>(call_ptr);
+  call.fn(static_cast<cuferry_status>(status), call.user_data);
+}
+
+}  // namespace
 
 extern "C" {
 
@@ -40,7 +59,11 @@ cuferry_status cuferry_cuda_stream_launch_host_fn(cuferry_stream stream, cuferry
                                              void *user_data) {
   CF_REQUIRE(stream);
   CF_REQUIRE(fn);
-  return cf_check(cudaLaunchHostFunc(cf_stream(stream), fn, user_data));
+  cf_host_call *call = new (std::nothrow) cf_host_call{fn, user_data};
+  if (call == nullptr) return cf_check(cudaErrorMemoryAllocation);
+  cuferry_status status = cf_check(cudaStreamAddCallback(cf_stream(stream), cf_host_callback, call, 0));
+  if (status != CUFERRY_STATUS_SUCCESS) delete call;  // CUDA will not call it
+  return status;
 }
 
 cuferry_status cuferry_cuda_event_create(int32_t device, int32_t timing, cuferry_event *event) {

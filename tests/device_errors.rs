@@ -99,3 +99,88 @@ fn host_device_rules() {
     assert!(DeviceSpec::with_streams(Device::Host, s.clone(), Some(s.clone())).is_ok());
     assert!(matches!(DeviceSpec::with_streams(Device::Cuda(0), s, None), Err(Error::InvalidArgument { .. })));
 }
+
+/// Set by gpu-bundle/run.sh's sanitizer steps: the fault child below faults on purpose.
+const UNDER_SANITIZER: &str = "CUFERRY_UNDER_SANITIZER";
+/// Tells `device_fault_child` that the parent test started it.
+const FAULT_CHILD: &str = "CUFERRY_FAULT_CHILD";
+
+/// A host function queued before a device fault is still released exactly once: CUDA calls it
+/// back with the error (cudaStreamAddCallback), the closure is dropped unrun, so what it owns is
+/// freed. The fault poisons the CUDA context for good, so it happens in a child process.
+#[test]
+fn host_fn_queued_before_a_device_fault_is_released() {
+    let Some(_) = common::cuda_device() else { return };
+    if std::env::var(UNDER_SANITIZER).as_deref() == Ok("1") {
+        println!("SKIP: the child faults on purpose, which a sanitizer reports");
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(exe)
+        .args(["--ignored", "--exact", "device_fault_child", "--nocapture", "--test-threads=1"])
+        .env(FAULT_CHILD, "1")
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the fault child failed:\n{text}");
+    assert!(text.contains("device_fault_child: released once"), "the child did not run its checks:\n{text}");
+}
+
+/// The child of `host_fn_queued_before_a_device_fault_is_released`; does nothing on its own.
+#[test]
+#[ignore = "run by host_fn_queued_before_a_device_fault_is_released in its own process"]
+fn device_fault_child() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    struct DropCount(Arc<AtomicUsize>);
+    impl Drop for DropCount {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    if std::env::var(FAULT_CHILD).as_deref() != Ok("1") {
+        println!("SKIP: started by host_fn_queued_before_a_device_fault_is_released only");
+        return;
+    }
+    let stream = Stream::new(Device::Cuda(0)).unwrap();
+    // Hold the stream in a host function until the fault has happened, so the next host
+    // function is queued before it and called after it.
+    let (release, gate) = std::sync::mpsc::channel::<()>();
+    stream.host_fn(move || _ = gate.recv_timeout(Duration::from_secs(10))).unwrap();
+    let (ran, drops) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)));
+    let (r, guard) = (Arc::clone(&ran), DropCount(Arc::clone(&drops)));
+    stream
+        .host_fn(move || {
+            let _guard = guard;
+            r.store(true, Ordering::SeqCst);
+        })
+        .unwrap();
+
+    // Fault on a second stream: a kernel writing through a pointer no allocation owns.
+    let mut raw: cuferry::sys::cuferry_stream = std::ptr::null_mut();
+    // SAFETY: `raw` is a valid out-pointer.
+    assert_eq!(unsafe { cuferry::sys::cuferry_cuda_stream_create(0, 0, &mut raw) }, 0);
+    let wild = 0x1000 as *mut u32;
+    // SAFETY: not sound on purpose: the kernel faults on the device, which is what this tests;
+    // the host never touches `wild`.
+    let launched = unsafe { cuferry::sys::cuferry_cuda_fill_pattern_u32(wild, 1 << 20, 1, raw) };
+    assert_eq!(launched, 0, "the faulting kernel did not launch");
+    // SAFETY: `raw` is live.
+    let faulted = unsafe { cuferry::sys::cuferry_cuda_stream_synchronize(raw) };
+    assert_ne!(faulted, 0, "writing through {wild:?} did not fault");
+    release.send(()).unwrap();
+
+    assert!(stream.synchronize().is_err(), "the stream must report the context's fault");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while drops.load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(drops.load(Ordering::SeqCst), 1, "the queued closure was never released");
+    println!(
+        "device_fault_child: released once (fault status {faulted}, ran: {})",
+        ran.load(Ordering::SeqCst)
+    );
+}

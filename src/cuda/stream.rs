@@ -52,18 +52,22 @@ pub(crate) fn wait_event(s: RawStream, e: RawEvent) -> Result<()> {
     check("cudaStreamWaitEvent", unsafe { sys::cuferry_cuda_stream_wait_event(s.0, e.0) })
 }
 
-/// `cudaLaunchHostFunc`.
+/// `cudaStreamAddCallback`: CUDA calls `f(status, user_data)` exactly once, after the work
+/// queued before it, with `status` 0 or the persistent error the stream hit (then the work
+/// before it did not complete).
 ///
 /// # Safety
 ///
-/// 1. `f(user_data)` is sound to call once, from a CUDA-owned thread, at any later time, and
-///    does not call CUDA.
+/// 1. `f(status, user_data)` is sound to call once, from a CUDA-owned thread, at any later
+///    time, and does not call CUDA.
 /// 2. If this returns an error, `f` will not be called and the caller still owns `user_data`.
 pub(crate) unsafe fn launch_host_fn(
     s: RawStream,
-    f: unsafe extern "C" fn(*mut c_void),
+    f: unsafe extern "C" fn(sys::cuferry_status, *mut c_void),
     user_data: *mut c_void,
 ) -> Result<()> {
     // SAFETY: precondition 1; `s` is live.
-    check("cudaLaunchHostFunc", unsafe { sys::cuferry_cuda_stream_launch_host_fn(s.0, Some(f), user_data) })
+    check("cudaStreamAddCallback", unsafe {
+        sys::cuferry_cuda_stream_launch_host_fn(s.0, Some(f), user_data)
+    })
 }

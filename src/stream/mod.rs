@@ -218,11 +218,13 @@ impl Stream {
     ///
     /// On CUDA streams `f` runs on a CUDA-owned thread and **must not call CUDA**, directly or
     /// by dropping cuferry buffers or streams (CUDA forbids it and may deadlock). A panic in `f`
-    /// is caught and reported by the next [`Stream::synchronize`].
+    /// is caught and reported by the next [`Stream::synchronize`]. If the work before `f` hit a
+    /// device error, `f` is dropped without running (on the CUDA thread) and `synchronize`
+    /// reports the error.
     ///
     /// # Errors
     ///
-    /// The CUDA error of `cudaLaunchHostFunc`; on the host, a dead worker thread.
+    /// The CUDA error of `cudaStreamAddCallback`; on the host, a dead worker thread.
     pub fn host_fn<F>(&self, f: F) -> Result<()>
     where
         F: FnOnce() + Send + 'static,

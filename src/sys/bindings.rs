@@ -131,9 +131,10 @@ const _: () = {
     ["Offset of field: cuferry_device_props::integrated"]
         [::std::mem::offset_of!(cuferry_device_props, integrated) - 324usize];
 };
-#[doc = " A host function run by a stream after its earlier work: cudaLaunchHostFunc's callback."]
-pub type cuferry_host_fn =
-    ::std::option::Option<unsafe extern "C" fn(user_data: *mut ::std::os::raw::c_void)>;
+#[doc = " A host function run by a stream after its earlier work, exactly once: `status` is 0, or the\n  persistent CUDA error the stream hit before it (cudaStreamAddCallback's callback)."]
+pub type cuferry_host_fn = ::std::option::Option<
+    unsafe extern "C" fn(status: cuferry_status, user_data: *mut ::std::os::raw::c_void),
+>;
 unsafe extern "C" {
     #[doc = " The CUDA name of a status (\"cudaErrorNoDevice\"), or a cuferry name for negative codes. Never NULL."]
     pub fn cuferry_cuda_status_name(status: cuferry_status) -> *const ::std::os::raw::c_char;
@@ -207,7 +208,7 @@ unsafe extern "C" {
     pub fn cuferry_cuda_stream_wait_event(stream: cuferry_stream, event: cuferry_event) -> cuferry_status;
 }
 unsafe extern "C" {
-    #[doc = " Queues `fn(user_data)` on `stream` (cudaLaunchHostFunc). `fn` must not call CUDA."]
+    #[doc = " Queues `fn(status, user_data)` on `stream` (cudaStreamAddCallback): it is called exactly once,\n  also after a device error (cudaLaunchHostFunc's function would then never run, and what its\n  `user_data` owns would leak). `fn` must not call CUDA."]
     pub fn cuferry_cuda_stream_launch_host_fn(
         stream: cuferry_stream,
         fn_: cuferry_host_fn,
