@@ -121,6 +121,10 @@ fn bad_arguments(device: Device) {
         Err(Error::InvalidArgument { .. })
     ));
     assert_eq!(b.to_vec(&stream).unwrap(), vec![0; 4], "a rejected copy wrote something");
+    // Zero-sized elements would make non-empty buffers of zero bytes (a null pointer).
+    assert!(matches!(DeviceBuffer::<()>::zeroed(&stream, 3), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(PinnedBuffer::<()>::zeroed(device, 3), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(PinnedBuffer::from_slice(device, &[(); 3]), Err(Error::InvalidArgument { .. })));
 }
 
 on_both_backends! {

@@ -265,3 +265,36 @@ fn cuda_pools_recycle_under_load() {
         h.join().unwrap();
     }
 }
+
+/// Host-pool and CUDA-pool ranges never mix in one batch, also when each location's group is
+/// of one backend only.
+#[test]
+fn cuda_and_host_pool_ranges_do_not_mix_across_locations() {
+    let Some(device) = common::cuda_device() else { return };
+    let Device::Cuda(ordinal) = device else { unreachable!() };
+    let stream = Stream::new(device).unwrap();
+    let (host_pool, cuda_pool) = (pool(Device::Host), pool(device));
+    let host_stream = Stream::new(Device::Host).unwrap();
+    let h = host_pool.alloc::<u8>(4096, &host_stream).unwrap();
+    let c = cuda_pool.alloc::<u8>(4096, &stream).unwrap();
+    let mixed =
+        prefetch_each(&[(h.range(), Location::Host), (c.range(), Location::Device(ordinal))], &stream);
+    assert!(matches!(mixed, Err(Error::InvalidArgument { .. })), "{mixed:?}");
+}
+
+/// A managed-pool buffer last used on a host stream (managed memory is host-accessible) is
+/// freed when dropped: the pool's use goes back to zero and no drop error is left.
+#[test]
+fn cuda_pool_buffer_last_used_on_a_host_stream_is_freed() {
+    let Some(device) = common::cuda_device() else { return };
+    let stream = Stream::new(device).unwrap();
+    let host_stream = Stream::new(Device::Host).unwrap();
+    let pool = pool(device);
+    let buf = pool.alloc::<u8>(1 << 20, &stream).unwrap();
+    let mut out = cuferry::PinnedBuffer::<u8>::zeroed(Device::Host, 1 << 20).unwrap();
+    cuferry::copy(&host_stream, &buf, &mut out).unwrap();
+    drop(buf);
+    stream.synchronize().unwrap();
+    assert_eq!(pool.stats().unwrap().used_current, 0);
+    assert!(cuferry::take_drop_error().is_none(), "the drop failed");
+}

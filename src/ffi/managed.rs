@@ -151,7 +151,8 @@ pub unsafe extern "C" fn cuferry_managed_malloc(
 
 /// Frees memory from [`cuferry_managed_malloc`] in order on `stream`
 /// (`CUDAPluggableAllocator`'s free). Unknown pointers and size or device mismatches are
-/// reported through `cuferry_last_error_message` and ignored.
+/// reported through `cuferry_last_error_message` and ignored. When the free itself fails (a
+/// stale stream), the allocation stays live and may be freed again.
 ///
 /// # Safety
 ///
@@ -175,11 +176,17 @@ pub unsafe extern "C" fn cuferry_managed_free(
                 "free of {ptr:?}: given size {size} on device {device}, allocated {bytes} on {dev}"
             ));
         }
-        let pool = pool_for(dev)?;
-        let s = (pool.kind() == PoolKind::ManagedPool).then(|| raw_stream(stream));
-        // SAFETY: the registry proves `ptr` came from this pool with `bytes` and frees it once;
-        // the caller orders every use before this point on `stream`.
-        unsafe { pool.inner.free_raw(ptr.cast(), bytes, s) }
+        let freed = pool_for(dev).and_then(|pool| {
+            let s = (pool.kind() == PoolKind::ManagedPool).then(|| raw_stream(stream));
+            // SAFETY: the registry proves `ptr` came from this pool with `bytes` and frees it
+            // once; the caller orders every use before this point on `stream`.
+            unsafe { pool.inner.free_raw(ptr.cast(), bytes, s) }
+        });
+        if freed.is_err() {
+            // Still allocated: keep it live, so a later free (on a good stream) can succeed.
+            allocations().insert(ptr as usize, (dev, bytes));
+        }
+        freed
     });
 }
 

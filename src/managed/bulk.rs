@@ -190,10 +190,11 @@ fn prefetch_grouped(items: &[(ManagedRange<'_>, Location)], stream: &Stream, dis
     for (r, l) in items {
         groups.entry(*l).or_default().push(r);
     }
-    let mut cuda = false;
+    // All ranges together first: two groups each of one backend may still mix the two.
+    let cuda = backend_of(&ranges, what, None)?;
     for (location, group) in &groups {
         let rs: Vec<ManagedRange<'_>> = group.iter().map(|r| **r).collect();
-        cuda |= backend_of(&rs, what, Some(*location))?;
+        backend_of(&rs, what, Some(*location))?;
     }
     let mut batch = Batch { ptrs: Vec::new(), sizes: Vec::new(), locations: Vec::new(), starts: Vec::new() };
     let mut total = 0;

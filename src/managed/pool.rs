@@ -186,8 +186,7 @@ impl PoolInner {
         bytes: usize,
         stream: Option<RawStream>,
     ) -> Result<()> {
-        self.used.fetch_sub(bytes as u64, Ordering::AcqRel);
-        match (self.kind, self.device) {
+        let freed = match (self.kind, self.device) {
             (PoolKind::ManagedPool, _) => {
                 let s = stream.ok_or_else(|| Error::invalid("a managed pool free needs a CUDA stream"))?;
                 // SAFETY: preconditions 1 and 2.
@@ -197,13 +196,16 @@ impl PoolInner {
             (PoolKind::MallocManaged, Device::Cuda(i)) => unsafe {
                 raw_memory::device_free(i, ptr.cast::<c_void>())
             },
-            _ => {
-                let layout = host_layout(bytes)?;
+            _ => host_layout(bytes).map(|layout| {
                 // SAFETY: preconditions 1 and 2; the layout is the one used to allocate.
-                unsafe { alloc::dealloc(ptr, layout) };
-                Ok(())
-            }
+                unsafe { alloc::dealloc(ptr, layout) }
+            }),
+        };
+        // Memory a failed free leaves allocated stays counted as used.
+        if freed.is_ok() {
+            self.used.fetch_sub(bytes as u64, Ordering::AcqRel);
         }
+        freed
     }
 
     fn stats(&self) -> Result<PoolStats> {

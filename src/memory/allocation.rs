@@ -46,6 +46,11 @@ unsafe impl Sync for TrackedAllocation {}
 
 /// `len * size_of::<T>()`, or an error naming the overflow.
 pub(crate) fn byte_len<T>(len: usize) -> Result<usize> {
+    // A zero-sized element would make a non-empty buffer of zero bytes, whose null pointer no
+    // slice may be built on; no transfer needs one.
+    if std::mem::size_of::<T>() == 0 {
+        return Err(Error::invalid(format!("zero-sized element type {}", std::any::type_name::<T>())));
+    }
     len.checked_mul(std::mem::size_of::<T>()).filter(|&b| b <= isize::MAX as usize).ok_or_else(|| {
         Error::invalid(format!("{len} elements of {} bytes overflow", std::mem::size_of::<T>()))
     })

@@ -46,6 +46,11 @@ impl UseTracker {
         UseTracker { last: Mutex::new(None), origin: Some(origin) }
     }
 
+    /// The allocation stream of stream-ordered memory.
+    pub(crate) fn origin(&self) -> Option<&Stream> {
+        self.origin.as_ref()
+    }
+
     /// The stream of the last queued use, else the allocation stream, if any.
     pub(crate) fn last_stream(&self) -> Option<Stream> {
         self.lock().as_ref().map(|l| l.stream.clone()).or_else(|| self.origin.clone())
@@ -111,20 +116,36 @@ impl UseTracker {
         }
     }
 
-    /// Blocks until every operation queued on the buffer so far has finished.
+    /// Blocks until every operation queued on the buffer so far has finished (for stream-ordered
+    /// memory never used yet: until its allocation stream reached the allocation).
     pub(crate) fn wait_idle(&self) -> Result<()> {
-        match self.lock().as_ref() {
-            Some(last) => last.event.synchronize(),
+        match self.last_event()? {
+            Some(event) => event.synchronize(),
             None => Ok(()),
         }
     }
 
     /// True when no queued operation on the buffer is still pending; does not block.
     pub(crate) fn is_idle(&self) -> Result<bool> {
-        match self.lock().as_ref() {
-            Some(last) => last.event.query(),
+        match self.last_event()? {
+            Some(event) => event.query(),
             None => Ok(true),
         }
+    }
+
+    /// The event the host waits for: the last use's, or, for stream-ordered memory not used
+    /// yet, one recorded now on the allocation stream, which becomes the buffer's last use
+    /// (the host must not touch the memory before the stream reached the allocation).
+    fn last_event(&self) -> Result<Option<Arc<Event>>> {
+        let mut guard = self.lock();
+        if let Some(last) = guard.as_ref() {
+            return Ok(Some(Arc::clone(&last.event)));
+        }
+        let Some(origin) = &self.origin else { return Ok(None) };
+        let event = Arc::new(Event::new(origin.device())?);
+        event.record(origin)?;
+        *guard = Some(LastUse { event: Arc::clone(&event), stream: origin.clone() });
+        Ok(Some(event))
     }
 }
 
@@ -142,6 +163,7 @@ fn reusable_event(guards: &[MutexGuard<'_, Option<LastUse>>], stream: &Stream) -
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{mpsc, Arc};
     use std::thread;
     use std::time::Duration;
@@ -191,5 +213,38 @@ mod tests {
             holder.join().unwrap();
             users.into_iter().for_each(|u| u.join().unwrap());
         }
+    }
+
+    /// Stream-ordered memory never used yet: the host waits for the allocation stream's work
+    /// queued before it (a reused block may still be read there), not for nothing.
+    #[test]
+    fn host_access_to_unused_stream_ordered_memory_waits_for_its_stream() {
+        let origin = Stream::new(Device::Host).unwrap();
+        let earlier_done = Arc::new(AtomicBool::new(false));
+        let (release, gate) = mpsc::channel::<()>();
+        let flag = Arc::clone(&earlier_done);
+        origin
+            .host_fn(move || {
+                let _ = gate.recv_timeout(Duration::from_secs(10));
+                flag.store(true, Ordering::SeqCst);
+            })
+            .unwrap();
+        let tracker = UseTracker::with_origin(origin.clone());
+        assert!(!tracker.is_idle().unwrap(), "the allocation stream is still busy");
+        let releaser = thread::spawn(move || {
+            thread::sleep(Duration::from_millis(20));
+            release.send(()).unwrap();
+        });
+        tracker.wait_idle().unwrap();
+        releaser.join().unwrap();
+        assert!(
+            earlier_done.load(Ordering::SeqCst),
+            "wait_idle returned before the allocation stream's work"
+        );
+        assert!(tracker.is_idle().unwrap());
+        // A plain tracker has nothing to wait for.
+        let plain = UseTracker::default();
+        assert!(plain.is_idle().unwrap());
+        plain.wait_idle().unwrap();
     }
 }
