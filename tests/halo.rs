@@ -676,6 +676,26 @@ fn bad_packers_are_invalid_arguments() {
     assert!(HaloPacker::new(Device::Host, &[cx], Some(&[cy2])).is_ok(), "staggered components fit");
 }
 
+/// Strides the spec accepts (any stride on a dim of extent 1, a stride that is in range for
+/// its extent but not one step further) build a packer without arithmetic overflow (a panic
+/// under overflow checks, as in `cargo test`).
+#[test]
+fn huge_accepted_strides_build_a_packer() {
+    let xy = HorizontalDims::xy(0, 1);
+    let cases = [
+        (ElementType::U8, [2usize, 2], [1usize, 1 << 62]),
+        (ElementType::Raw { size: 12 }, [1, 4], [1 << 62, 1]),
+        (ElementType::F64, [1, 3], [usize::MAX / 2, 1]),
+    ];
+    for (element, shape, strides) in cases {
+        let spec = HaloSpec::new(element, &shape, &strides, xy).unwrap();
+        let whole = [0..shape[0], 0..shape[1]];
+        let ex = HaloExchange::new(&spec, &whole, 0, &whole).unwrap();
+        let packer = HaloPacker::new(Device::Host, &[ex], None).unwrap();
+        assert_eq!(packer.buffer_bytes(), shape[0] * shape[1] * element.size(), "{element:?} {strides:?}");
+    }
+}
+
 #[test]
 fn bad_arrays_are_invalid_arguments_and_queue_nothing() {
     let stream = Stream::new(Device::Host).unwrap();
@@ -794,6 +814,57 @@ fn dropping_the_packer_while_a_pack_is_queued_is_safe() {
     let (p, u) = (again.pack_buffer().unwrap(), again.unpack_buffer().unwrap());
     let buf = [p, u].into_iter().find(|b| b.as_ptr() == buffer_at).expect("the buffer went back to the pool");
     assert_eq!(buf.to_vec(&stream).unwrap(), bytemuck::cast_slice::<f64, u8>(&packed));
+}
+
+/// A pooled buffer's earlier owner may still have work queued on it on another stream: the
+/// buffer accessors wait for that work too, not just for the packer's own stream, so bytes
+/// written through the pointer they return (a receive, a C caller) are not overwritten.
+#[test]
+fn buffer_accessors_wait_for_a_pooled_buffers_earlier_owner() {
+    let q = one_quantity(16, [5, 43, 31]); // a buffer size no other test uses
+    let (packed, _, _) = reference(std::slice::from_ref(&q), false);
+    let (first, second) = (Stream::new(Device::Host).unwrap(), Stream::new(Device::Host).unwrap());
+    let mut earlier = HaloPacker::with_stream(&first, &[exchange_of(&q)], None).unwrap();
+    let a = DeviceBuffer::from_slice(&first, &q.src_x).unwrap();
+    let buffer_at = earlier.pack_buffer().unwrap().as_ptr();
+    block_stream(&first, 150);
+    earlier.pack(&[&a], None).unwrap();
+    drop(earlier); // its buffers go back to the pool with the pack still queued on `first`
+    let mut later = HaloPacker::with_stream(&second, &[exchange_of(&q)], None).unwrap();
+    let unpack_at = later.unpack_buffer_mut().unwrap().as_ptr();
+    let buf =
+        if unpack_at == buffer_at { later.unpack_buffer().unwrap() } else { later.pack_buffer().unwrap() };
+    assert_eq!(buf.as_ptr(), buffer_at, "the earlier packer's pack buffer went back to the pool");
+    // SAFETY: host memory of `buf.len()` bytes; the accessor waited for every queued use of it.
+    let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr(), buf.len()) };
+    assert_eq!(
+        bytes,
+        bytemuck::cast_slice::<f64, u8>(&packed),
+        "the accessor returned before the earlier pack"
+    );
+    drop(a);
+}
+
+/// The unpack buffer is handed out as `&mut DeviceBuffer`: one put in its place that does not
+/// fit the plan is refused by every later use instead of being read or written past its end.
+#[test]
+fn a_replaced_unpack_buffer_that_does_not_fit_is_refused() {
+    let q = one_quantity(17, [3, 7, 7]);
+    let stream = Stream::new(Device::Host).unwrap();
+    let mut packer = HaloPacker::with_stream(&stream, &[exchange_of(&q)], None).unwrap();
+    let dst = DeviceBuffer::from_slice(&stream, &q.dst_x).unwrap();
+    *packer.unpack_buffer_mut().unwrap() = DeviceBuffer::zeroed(&stream, 1).unwrap();
+    assert_invalid(packer.unpack(&[&dst], None), "unpack from a 1-byte buffer");
+    assert_invalid(packer.unpack_buffer(), "unpack_buffer");
+    assert_invalid(packer.copy_pack_to_unpack(), "copy_pack_to_unpack");
+    assert_eq!(dst.to_vec(&stream).unwrap(), q.dst_x, "a refused unpack wrote something");
+    // Putting back a buffer of the right size and device repairs the packer.
+    let src = DeviceBuffer::from_slice(&stream, &q.src_x).unwrap();
+    *packer.unpack_buffer_mut().unwrap() = DeviceBuffer::zeroed(&stream, packer.buffer_bytes()).unwrap();
+    packer.pack(&[&src], None).unwrap();
+    packer.copy_pack_to_unpack().unwrap();
+    packer.unpack(&[&dst], None).unwrap();
+    packer.synchronize().unwrap();
 }
 
 /// Dropping destination arrays and the packer while an unpack is queued: the arrays wait, and

@@ -343,10 +343,16 @@ impl HaloCommunicator {
         let mut timing = ExchangeTiming::default();
         // Receives first: no message has to wait as unexpected.
         for r in &mut self.recvs {
-            let bytes = r.link.packer.buffer_bytes();
-            let ptr = match &mut r.stage {
-                Some(stage) => stage.as_mut_slice()?.as_mut_ptr(),
-                None => r.link.packer.unpack_buffer_mut()?.as_mut_ptr(),
+            // The receive's size is the buffer's own (the plan's size, which the unpack checks).
+            let (ptr, bytes) = match &mut r.stage {
+                Some(stage) => {
+                    let stage = stage.as_mut_slice()?;
+                    (stage.as_mut_ptr(), stage.len())
+                }
+                None => {
+                    let buffer = r.link.packer.unpack_buffer_mut()?;
+                    (buffer.as_mut_ptr(), buffer.len())
+                }
             };
             // SAFETY: the buffer has `bytes` bytes and is idle (both accessors waited); nothing
             // else touches it until the request completes: the unpack that reads it is queued

@@ -254,34 +254,46 @@ impl HaloPacker {
         self.stream.synchronize()
     }
 
-    /// The pack buffer, after [`HaloPacker::synchronize`]: ready to be sent.
+    /// The pack buffer, after [`HaloPacker::synchronize`]: ready to be sent. Also waits for
+    /// work queued on the buffer elsewhere (a pooled buffer's earlier owner may have used it on
+    /// another stream).
     ///
     /// # Errors
     ///
-    /// As [`HaloPacker::synchronize`].
+    /// As [`HaloPacker::synchronize`] and [`DeviceBuffer::synchronize`];
+    /// [`Error::InvalidArgument`] if the buffer was replaced by one of another size or device.
     pub fn pack_buffer(&self) -> Result<&DeviceBuffer<u8>> {
         self.synchronize()?;
-        self.pack_buf.get()
+        let buf = self.pack_buf.get()?;
+        buf.synchronize()?;
+        Ok(buf)
     }
 
-    /// The unpack buffer, after [`HaloPacker::synchronize`].
+    /// The unpack buffer, after [`HaloPacker::synchronize`] and the buffer's own queued work
+    /// (as [`HaloPacker::pack_buffer`]).
     ///
     /// # Errors
     ///
-    /// As [`HaloPacker::synchronize`].
+    /// As [`HaloPacker::pack_buffer`].
     pub fn unpack_buffer(&self) -> Result<&DeviceBuffer<u8>> {
         self.synchronize()?;
-        self.unpack_buf.get()
+        let buf = self.unpack_buf.get()?;
+        buf.synchronize()?;
+        Ok(buf)
     }
 
-    /// The unpack buffer for receiving into, after [`HaloPacker::synchronize`].
+    /// The unpack buffer for receiving into, after [`HaloPacker::synchronize`] and the buffer's
+    /// own queued work (as [`HaloPacker::pack_buffer`]). Write into it; a buffer put in its
+    /// place must be of the same size and device, or the next `unpack` fails.
     ///
     /// # Errors
     ///
-    /// As [`HaloPacker::synchronize`].
+    /// As [`HaloPacker::pack_buffer`].
     pub fn unpack_buffer_mut(&mut self) -> Result<&mut DeviceBuffer<u8>> {
         self.synchronize()?;
-        self.unpack_buf.get_mut()
+        let buf = self.unpack_buf.get_mut()?;
+        buf.synchronize()?;
+        Ok(buf)
     }
 
     /// Queues a copy of the pack buffer into the unpack buffer on the packer's stream (a

@@ -230,22 +230,26 @@ fn transfer(
     let atom = [8usize, 4, 2, 1].into_iter().find(|a| size % a == 0).unwrap_or(1);
     let per = size / atom;
     let packed = row_major(&view.shape);
+    // Dims of extent 1 go first: their strides are arbitrary (the spec checks only strides it
+    // steps along), so scaling them could overflow. The others step inside the array, whose
+    // size in bytes fits an isize (checked by the spec), so their scaled strides fit.
     let scale = |s: isize| s * per as isize;
     let mut dims: Vec<(usize, isize, isize)> = view
         .shape
         .iter()
         .zip(view.strides.iter().zip(&packed))
+        .filter(|(&e, _)| e != 1)
         .map(|(&e, (&a, &p))| (e, scale(a), scale(p)))
         .collect();
     if per > 1 {
         dims.push((per, 1, 1));
     }
     let mut merged: Vec<(usize, isize, isize)> = Vec::with_capacity(dims.len());
-    for (e, a, p) in dims.into_iter().filter(|d| d.0 != 1) {
+    for (e, a, p) in dims {
+        // Checked: `a * e` is one step past the dim's last element and may not fit.
+        let spans = |inner: isize, outer: isize| inner.checked_mul(e as isize) == Some(outer);
         match merged.last_mut() {
-            Some(outer) if outer.1 == a * e as isize && outer.2 == p * e as isize => {
-                *outer = (outer.0 * e, a, p)
-            }
+            Some(outer) if spans(a, outer.1) && spans(p, outer.2) => *outer = (outer.0 * e, a, p),
             _ => merged.push((e, a, p)),
         }
     }

@@ -7,6 +7,10 @@
 //! - The pool keeps at most [`MAX_PER_KEY`] buffers per key; extra buffers are freed (their
 //!   drop waits for their queued work). [`clear_buffer_pool`] frees every pooled buffer.
 //! - Buffers are freed outside the pool's lock, so a slow free never blocks other packers.
+//! - A loaned buffer is handed out as `&mut DeviceBuffer`, which a caller can replace with
+//!   another buffer: every shared access (`get`, which the packer's jobs and copies use) checks
+//!   it is still of the loan's device and size, so a packer never runs over a buffer its plan
+//!   does not fit.
 
 use std::collections::HashMap;
 use std::sync::{LazyLock, Mutex, MutexGuard};
@@ -32,6 +36,8 @@ fn lock() -> MutexGuard<'static, HashMap<Key, Vec<DeviceBuffer<u8>>>> {
 #[derive(Debug)]
 pub(crate) struct PooledBuffer {
     buf: Option<DeviceBuffer<u8>>,
+    /// The device and size the loan was made for.
+    key: Key,
 }
 
 impl PooledBuffer {
@@ -44,17 +50,35 @@ impl PooledBuffer {
             Some(buf) => buf,
             None => DeviceBuffer::zeroed(stream, bytes)?,
         };
-        Ok(PooledBuffer { buf: Some(buf) })
+        Ok(PooledBuffer { buf: Some(buf), key })
     }
 
-    /// The buffer (always there until the drop).
+    /// The buffer (always there until the drop), checked to be of the loan's device and size.
     pub(crate) fn get(&self) -> Result<&DeviceBuffer<u8>> {
-        self.buf.as_ref().ok_or_else(gone)
+        let buf = self.buf.as_ref().ok_or_else(gone)?;
+        check_key(self.key, buf)?;
+        Ok(buf)
     }
 
-    /// The buffer, writable.
+    /// The buffer, writable. Not checked: a caller who replaced it with one that does not fit
+    /// can put a fitting one back; every [`PooledBuffer::get`] checks.
     pub(crate) fn get_mut(&mut self) -> Result<&mut DeviceBuffer<u8>> {
         self.buf.as_mut().ok_or_else(gone)
+    }
+}
+
+/// Errors when `buf` is not of `key`'s device and size (a caller replaced it through `&mut`).
+fn check_key(key: Key, buf: &DeviceBuffer<u8>) -> Result<()> {
+    if (buf.device(), buf.len()) == key {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "the packer's buffer was replaced by one of {} bytes on {:?}; it must stay {} bytes on {:?}",
+            buf.len(),
+            buf.device(),
+            key.1,
+            key.0
+        )))
     }
 }
 
