@@ -250,6 +250,84 @@ fn a_rank_failing_mid_exchange_is_reported_to_every_rank() {
     );
 }
 
+/// A message longer than its receive (rank 1 sends two columns west where rank 0 unpacks
+/// one) is an MPI error on the receiver and a `PeerFailed` on the sender, never an abort of
+/// the job (MPI frees the failed request; cancelling it again was fatal). The timeout is
+/// `Duration::MAX`: wait forever (it used to overflow the deadline and panic).
+#[test]
+fn a_too_long_message_is_an_error_not_an_abort() {
+    if !mpi_common::ranks("a_too_long_message_is_an_error_not_an_abort", 2) {
+        return;
+    }
+    let universe = mpi::initialize().expect("MPI initialises once");
+    let world = universe.world();
+    let (me, size) = (world.rank(), world.size());
+    let options = ExchangeOptions { timeout: Duration::MAX, ..Default::default() };
+    let (mut sends, recvs) = ring_links(me, size, false);
+    if me == 1 {
+        let spec = HaloSpec::contiguous(ElementType::F64, &[4, 6], HorizontalDims::xy(1, 0)).unwrap();
+        let wide_west = HaloExchange::new(&spec, &[0..4, 1..3], 0, &[0..4, 4..6]).unwrap();
+        let packer = HaloPacker::new(Device::Host, &[wide_west], None).unwrap();
+        sends[1] = HaloLink::new(0, 1, 0, packer);
+    }
+    let mut comm = HaloCommunicator::new(&world, sends, recvs, options).unwrap();
+    let stream = Stream::new(Device::Host).unwrap();
+    let a = DeviceBuffer::from_slice(&stream, &[1.0f64; 24]).unwrap();
+    let seen: Vec<_> = (0..4).map(|_| comm.exchange(&[&a], None)).collect();
+    let first_err = seen.iter().position(Result::is_err).expect("the long message fails the exchange");
+    if me == 0 {
+        assert!(matches!(&seen[first_err], Err(Error::Mpi { call: "MPI_Test", .. })), "{seen:?}");
+    } else {
+        assert!(matches!(&seen[first_err], Err(Error::PeerFailed { rank: 0, .. })), "{seen:?}");
+    }
+    assert!(seen[first_err + 1..].iter().all(|r| matches!(r, Err(Error::Closed { .. }))), "{seen:?}");
+    world.barrier();
+}
+
+/// A rank whose messages all complete at once (small sends, no receives) still reads a peer's
+/// failure notice instead of returning `Ok` for good.
+#[test]
+fn a_rank_that_only_sends_hears_of_a_peers_failure() {
+    if !mpi_common::ranks("a_rank_that_only_sends_hears_of_a_peers_failure", 2) {
+        return;
+    }
+    let universe = mpi::initialize().expect("MPI initialises once");
+    let world = universe.world();
+    let me = world.rank();
+    let spec = HaloSpec::contiguous(ElementType::F64, &[4, 6], HorizontalDims::xy(1, 0)).unwrap();
+    let ex = HaloExchange::new(&spec, &[0..4, 4..5], 0, &[0..4, 0..1]).unwrap();
+    let packer = || HaloPacker::new(Device::Host, std::slice::from_ref(&ex), None).unwrap();
+    // Rank 0 only sends; rank 1 only receives, into a tile that is not passed: it fails.
+    let (sends, recvs) = if me == 0 {
+        (vec![HaloLink::new(1, 0, 0, packer())], vec![])
+    } else {
+        (vec![], vec![HaloLink::new(0, 0, 1, packer())])
+    };
+    let mut comm = HaloCommunicator::new(&world, sends, recvs, ExchangeOptions::default()).unwrap();
+    let stream = Stream::new(Device::Host).unwrap();
+    let a = DeviceBuffer::from_slice(&stream, &[1.0f64; 24]).unwrap();
+    let first = comm.exchange(&[&a], None);
+    world.barrier(); // rank 1 has failed and sent its notice
+    if me == 1 {
+        assert!(
+            matches!(&first, Err(Error::InvalidArgument { what }) if what.contains("tile 1")),
+            "{first:?}"
+        );
+    } else {
+        let mut seen = vec![first];
+        for _ in 0..200 {
+            if seen.last().is_some_and(Result::is_err) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+            seen.push(comm.exchange(&[&a], None));
+        }
+        let err = seen.iter().find(|r| r.is_err()).expect("rank 0 never heard of rank 1's failure");
+        assert!(matches!(err, Err(Error::PeerFailed { rank: 1, .. })), "{seen:?}");
+    }
+    world.barrier();
+}
+
 #[test]
 fn a_silent_rank_makes_its_peers_time_out() {
     if !mpi_common::ranks("a_silent_rank_makes_its_peers_time_out", 3) {
@@ -309,6 +387,19 @@ fn bad_links_fail_on_every_rank() {
         }
         _ => assert!(matches!(r, Err(Error::PeerFailed { rank: 0, .. })), "{r:?}"),
     }
+    // Messages to self of two sizes (MPI may deliver the longer one cut short), and a receive
+    // from self that no send feeds: rejected when the links are built.
+    let wide = HaloExchange::new(&spec, &[0..4, 3..5], 0, &[0..4, 0..2]).unwrap();
+    let wide_packer = || HaloPacker::new(Device::Host, std::slice::from_ref(&wide), None).unwrap();
+    let r = HaloCommunicator::new(
+        &world,
+        vec![HaloLink::new(me, 2, 0, packer())],
+        vec![HaloLink::new(me, 2, 0, wide_packer())],
+        opts,
+    );
+    assert!(matches!(&r, Err(Error::InvalidArgument { what }) if what.contains("sends itself")), "{r:?}");
+    let r = HaloCommunicator::new(&world, vec![], vec![HaloLink::new(me, 2, 0, packer())], opts);
+    assert!(matches!(&r, Err(Error::InvalidArgument { what }) if what.contains("itself nothing")), "{r:?}");
     // A tile that is not passed, and arrays that do not fit the packer: the rank's exchange
     // fails and tells its peer.
     let peer = 1 - me;

@@ -23,6 +23,12 @@
 //!   [`Error::PeerFailed`] instead of waiting for it. After any failure the communicator is
 //!   closed ([`Error::Closed`] from then on): messages may still be in flight, so its buffers
 //!   are leaked rather than freed under MPI (at most one step's buffers, once).
+//! - That promise starts at [`HaloCommunicator::new`], a collective every rank must reach: a
+//!   rank that fails before calling it (building its packers, say) leaves the others blocked
+//!   in it, as with any MPI collective. Build what can fail first, then call `new` everywhere.
+//! - A message longer than its receive is an error ([`Error::Mpi`] from `MPI_Test`), never an
+//!   abort; messages to self are checked for size when the links are built, because MPI may
+//!   deliver a longer one cut short.
 //! - Tags are `0..MAX_TAG` (MPI guarantees at least 32767); a (peer, tag) pair names one
 //!   message per direction, so it may appear once among the sends and once among the receives.
 
@@ -68,7 +74,8 @@ pub fn cuda_aware_mpi() -> bool {
 pub struct ExchangeOptions {
     /// How CUDA buffers reach MPI.
     pub staging: Staging,
-    /// The longest one exchange waits for its peers before returning [`Error::Timeout`].
+    /// The longest one exchange waits for its peers before returning [`Error::Timeout`];
+    /// `Duration::MAX` waits forever.
     pub timeout: Duration,
 }
 
@@ -214,7 +221,7 @@ impl HaloCommunicator {
             Staging::Direct => true,
             Staging::Host => false,
         };
-        let built = Self::check_links(comm.size(), &sends, &recvs)
+        let built = Self::check_links(comm.rank(), comm.size(), &sends, &recvs)
             .and_then(|()| raw::set_errors_return(comm.as_raw()))
             .and_then(|()| {
                 let state = |link: HaloLink| -> Result<LinkState> {
@@ -235,7 +242,7 @@ impl HaloCommunicator {
         Ok(HaloCommunicator { sends, recvs, comm, options, direct_cuda, closed: None })
     }
 
-    fn check_links(size: i32, sends: &[HaloLink], recvs: &[HaloLink]) -> Result<()> {
+    fn check_links(me: i32, size: i32, sends: &[HaloLink], recvs: &[HaloLink]) -> Result<()> {
         for (what, links) in [("send", sends), ("receive", recvs)] {
             let mut seen = BTreeSet::new();
             for l in links {
@@ -256,6 +263,27 @@ impl HaloCommunicator {
                         "two {what} links with rank {} use tag {}: messages would be ambiguous",
                         l.peer, l.tag
                     )));
+                }
+            }
+        }
+        // Messages to self are checked here: MPI may deliver a longer one cut short without an
+        // error (Open MPI does), which the size check after the receive could not see.
+        for r in recvs.iter().filter(|r| r.peer == me) {
+            let send = sends.iter().find(|s| s.peer == me && s.tag == r.tag);
+            match send.map(|s| s.packer.buffer_bytes()) {
+                Some(bytes) if bytes == r.packer.buffer_bytes() => {}
+                Some(bytes) => {
+                    return Err(Error::invalid(format!(
+                        "this rank sends itself {bytes} bytes with tag {}, but its receive unpacks {}",
+                        r.tag,
+                        r.packer.buffer_bytes()
+                    )))
+                }
+                None => {
+                    return Err(Error::invalid(format!(
+                        "this rank receives from itself with tag {} but sends itself nothing with it",
+                        r.tag
+                    )))
                 }
             }
         }
@@ -329,7 +357,8 @@ impl HaloCommunicator {
 
     fn run<T: Element>(&mut self, tiles: &[TileArrays<'_, T>]) -> Result<ExchangeTiming> {
         let start = Instant::now();
-        let deadline = start + self.options.timeout;
+        // A timeout too long to represent (`Duration::MAX`) waits forever.
+        let deadline = start.checked_add(self.options.timeout);
         let comm = self.comm.as_raw();
         for s in self.sends.iter().chain(&self.recvs) {
             if s.link.tile >= tiles.len() {
@@ -411,16 +440,18 @@ impl HaloCommunicator {
                 r.link.packer.unpack(&x, y.as_deref())?;
                 progress = true;
             }
+            // Before the "all done" test: a rank whose messages all complete at once still
+            // reads a peer's failure notice (at the latest on its next exchange).
+            if let Some(from) = raw::probe_any(ABORT_TAG, comm)? {
+                let notice = raw::recv_probed(from, ABORT_TAG, comm)?;
+                return Err(read_notice(from, &notice));
+            }
             let sent = self.sends.iter().all(|s| s.phase == Phase::Posted && !s.pending());
             let received = self.recvs.iter().all(|r| !r.pending());
             if sent && received {
                 break;
             }
-            if let Some(from) = raw::probe_any(ABORT_TAG, comm)? {
-                let notice = raw::recv_probed(from, ABORT_TAG, comm)?;
-                return Err(read_notice(from, &notice));
-            }
-            if Instant::now() >= deadline {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(Error::Timeout {
                     what: "a halo exchange: a peer did not send or receive in time",
                     waited: start.elapsed(),

@@ -157,6 +157,13 @@ impl RawRequest {
         let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
         // SAFETY: `handle` is a live request of this struct; out-parameters are valid.
         let code = unsafe { ffi::MPI_Test(&mut self.handle, &mut flag, &mut status) };
+        // A request that failed (a message longer than the receive: MPI_ERR_TRUNCATE) may
+        // have been completed and freed, its handle set to MPI_REQUEST_NULL: it is done, and
+        // cancelling or freeing the null handle would be an error on MPI_COMM_WORLD (fatal).
+        // SAFETY: MPI_REQUEST_NULL is a plain handle constant.
+        if code != 0 && self.handle == unsafe { ffi::RSMPI_REQUEST_NULL } {
+            self.done = true;
+        }
         check("MPI_Test", code)?;
         if flag == 0 {
             return Ok(None);
@@ -177,7 +184,8 @@ impl RawRequest {
 
 impl Drop for RawRequest {
     fn drop(&mut self) {
-        if self.done {
+        // SAFETY: MPI_REQUEST_NULL is a plain handle constant.
+        if self.done || self.handle == unsafe { ffi::RSMPI_REQUEST_NULL } {
             return;
         }
         // A pending request: ask for cancellation (receives; sends may not cancel) and free
