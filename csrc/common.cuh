@@ -35,3 +35,13 @@ static inline cuferry_status cf_check(cudaError_t err) {
 
 static inline cudaStream_t cf_stream(cuferry_stream s) { return reinterpret_cast<cudaStream_t>(s); }
 static inline cudaEvent_t cf_event(cuferry_event e) { return reinterpret_cast<cudaEvent_t>(e); }
+
+// Makes `s`'s device current before a kernel launch: a launch into a stream of a device other
+// than the current one fails, and other calls (event creation, allocation) move the current
+// device. Left current afterwards, as rule 4 of cuferry_cuda.h does for creation calls.
+static inline cudaError_t cf_use_stream_device(cudaStream_t s) {
+  int device = 0;
+  const cudaError_t err = cudaStreamGetDevice(s, &device);
+  return err != cudaSuccess ? err : cudaSetDevice(device);
+}
+

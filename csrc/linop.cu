@@ -149,6 +149,7 @@ cuferry_status cuferry_cuda_linop_map(int32_t dtype, const cuferry_linop_map *ma
   CF_REQUIRE(src);
   CF_REQUIRE(dst);
   const cudaStream_t s = cf_stream(stream);
+  CF_TRY(cf_use_stream_device(s));
   switch (dtype) {
     case CUFERRY_LINOP_F32: return launch_map<float>(*map, src, dst, alpha_re, alpha_im, s);
     case CUFERRY_LINOP_F64: return launch_map<double>(*map, src, dst, alpha_re, alpha_im, s);
@@ -167,6 +168,7 @@ cuferry_status cuferry_cuda_linop_contract(int32_t dtype, const cuferry_linop_co
   CF_REQUIRE(w);
   CF_REQUIRE(out);
   const cudaStream_t s = cf_stream(stream);
+  CF_TRY(cf_use_stream_device(s));
   switch (dtype) {
     case CUFERRY_LINOP_F32: return launch_contract<float>(*c, x, w, out, s);
     case CUFERRY_LINOP_F64: return launch_contract<double>(*c, x, w, out, s);

@@ -203,6 +203,7 @@ cuferry_status cuferry_cuda_fill_pattern_u32(uint32_t *data, size_t n, uint32_t 
     return CUFERRY_STATUS_SUCCESS;
   }
   CF_REQUIRE(data);
+  CF_TRY(cf_use_stream_device(cf_stream(stream)));
   cf_fill_pattern_u32<<<cf_blocks(n), 256, 0, cf_stream(stream)>>>(data, n, seed);
   return cf_check(cudaGetLastError());
 }
@@ -210,6 +211,7 @@ cuferry_status cuferry_cuda_fill_pattern_u32(uint32_t *data, size_t n, uint32_t 
 cuferry_status cuferry_cuda_sum_u32(const uint32_t *data, size_t n, unsigned long long *sum,
                                     cuferry_stream stream) {
   CF_REQUIRE(sum);
+  CF_TRY(cf_use_stream_device(cf_stream(stream)));
   CF_TRY(cudaMemsetAsync(sum, 0, sizeof(*sum), cf_stream(stream)));
   if (n == 0) {
     return CUFERRY_STATUS_SUCCESS;

@@ -173,9 +173,11 @@ impl Event {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] when either event lacks timing, was never recorded, has not
-    /// completed, or the two belong to different devices; CUDA errors of
-    /// `cudaEventElapsedTime`.
+    /// [`Error::InvalidArgument`] when either event lacks timing or the two are of different
+    /// backends; on the host backend also when one was never recorded or has not completed.
+    /// On CUDA those cases are CUDA's errors of `cudaEventElapsedTime` (`cudaErrorNotReady`
+    /// before completion, `cudaErrorInvalidResourceHandle` for a never-recorded event or
+    /// events of two devices).
     pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
         if !self.timing || !end.timing {
             return Err(Error::invalid("elapsed_ms needs two events made with Event::with_timing"));

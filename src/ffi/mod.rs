@@ -13,6 +13,9 @@
 //! - Buffers keep cuferry's ordering rules: copies on one buffer run in the order queued, and
 //!   `cuferry_buffer_free` waits for queued copies before freeing. The raw pointer of a pinned
 //!   buffer may be read or written by C only after `cuferry_buffer_synchronize`.
+//! - A call that works on a CUDA device may leave that device current on the calling thread
+//!   (`cudaSetDevice`), as creating streams and events and launching kernels require: set
+//!   your own device again before your own CUDA calls that rely on the current device.
 
 mod halo;
 mod managed;
