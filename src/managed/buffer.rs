@@ -140,12 +140,27 @@ impl<T: Element> ManagedBuffer<T> {
         self.ptr.cast()
     }
 
+    /// Host access is safe only where the CPU may touch managed memory while the device runs
+    /// kernels (`concurrentManagedAccess`); elsewhere any kernel running on the device, this
+    /// buffer's or not, makes a CPU access fault.
+    fn check_host_access(&self) -> Result<()> {
+        if self.pool.kind == PoolKind::Host || self.pool.caps.concurrent_managed_access {
+            return Ok(());
+        }
+        Err(Error::unsupported(format!(
+            "host access to managed memory needs concurrentManagedAccess, which {} lacks; copy it out instead",
+            self.pool.device
+        )))
+    }
+
     /// The contents on the host, after waiting for every queued use.
     ///
     /// # Errors
     ///
-    /// CUDA errors of the wait.
+    /// [`Error::Unsupported`] on a device without `concurrentManagedAccess`; CUDA errors of the
+    /// wait.
     pub fn as_slice(&self) -> Result<&[T]> {
+        self.check_host_access()?;
         self.tracker.wait_idle()?;
         // SAFETY: `len` initialised `T` (zeroed or written, `T: Pod`) at a host-accessible,
         // suitably aligned address; no queued use is pending and a queued write needs `&mut`.
@@ -156,8 +171,9 @@ impl<T: Element> ManagedBuffer<T> {
     ///
     /// # Errors
     ///
-    /// CUDA errors of the wait.
+    /// As [`ManagedBuffer::as_slice`].
     pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
+        self.check_host_access()?;
         self.tracker.wait_idle()?;
         // SAFETY: as in `as_slice`, and `&mut self` makes this the only access.
         Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.cast::<T>(), self.len) })

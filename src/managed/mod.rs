@@ -10,7 +10,8 @@
 //!   cuferry buffer.
 //! - [`prefetch_all`], [`advise_all`], [`discard_all`] and [`discard_and_prefetch_all`] make one
 //!   batched call for a set of buffers and count an allocation shared by several views once.
-//! - Capabilities are probed: without `concurrentManagedAccess`, prefetch and advice return
+//! - Capabilities are probed: without `concurrentManagedAccess`, prefetch, advice and host
+//!   access (`as_slice`, where a CPU touch faults while any kernel runs) return
 //!   [`Error::Unsupported`](crate::Error::Unsupported) naming it; never a silent no-op.
 //! - The host backend's pool hands out host memory; prefetch to the host and advice are no-ops
 //!   there that still validate their ranges.
