@@ -8,10 +8,10 @@ mod util;
 use std::sync::Arc;
 
 use cuferry::linop::{
-    dim_role, Add, Array, Chain, Concat, Dense, Diagonal, DimRole, Dims, Field, Identity, Linop, LinopRef,
-    Scalar, ToDevice,
+    dim_role, split_linop, tile_ranges, transfer_stream, Add, Array, Chain, Concat, Dense, DeviceMatrix,
+    Diagonal, DimRole, Dims, Field, Identity, Linop, LinopRef, Scalar, ToDevice, Zero,
 };
-use cuferry::{Device, DeviceSpec, Error};
+use cuferry::{Device, DeviceSpec, Error, Stream};
 use num_complex::Complex;
 use util::{assert_close, dot_test, random_array, random_vec, Rng};
 
@@ -383,6 +383,69 @@ fn errors_for_bad_graphs() {
     let round = Chain::new(vec![down, up]).unwrap();
     invalid(round.split("x", 0..1).map(drop));
     assert!(round.split("k", 0..1).is_ok());
+}
+
+fn assert_invalid<T: std::fmt::Debug>(r: Result<T, Error>) {
+    assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
+}
+
+/// `DeviceSpec`'s fields are public, so a spec can claim a device its streams are not on;
+/// linop used to allocate on the stream's device and label the memory with the claimed one.
+#[test]
+fn spec_whose_stream_is_on_another_device_is_rejected() {
+    let h = host();
+    let bad = DeviceSpec {
+        device: Device::Cuda(0),
+        compute_stream: Stream::new(Device::Host).unwrap(),
+        transfer_stream: None,
+    };
+    assert_invalid(Array::<f64>::from_slice(&bad, &[2], &[1.0, 2.0]));
+    assert_invalid(Array::<f64>::zeros(&bad, &[2]));
+    let x = Array::from_slice(&h, &[2], &[1.0f64, 2.0]).unwrap();
+    assert_invalid(Array::from_buffer(&bad, std::sync::Arc::clone(x.buffer()), 0, &[2], &[1]));
+    assert_invalid(DeviceMatrix::from_specs(vec![bad.clone()]));
+    assert_invalid(transfer_stream(&h, &bad));
+    let t = ToDevice::new(h.clone(), bad.clone(), dims(&[("x", 2)]));
+    assert_invalid(Linop::<f64>::apply(&t, &x));
+    // The same literal with the device its stream is on is fine.
+    let good = DeviceSpec { device: Device::Host, ..bad };
+    assert_eq!(Array::<f64>::zeros(&good, &[2]).unwrap().to_vec().unwrap(), [0.0, 0.0]);
+}
+
+/// A name on both sides of `Zero` is a batch dim: one size.
+#[test]
+fn zero_rejects_a_batch_dim_with_two_sizes() {
+    assert_invalid(Zero::new(dims(&[("a", 2)]), dims(&[("a", 3)])));
+    let z = Zero::new(dims(&[("a", 2)]), dims(&[("a", 2), ("b", 3)])).unwrap();
+    let x = Array::from_slice(&host(), &[2], &[1.0f64, 2.0]).unwrap();
+    assert_eq!(Linop::<f64>::apply(&z, &x).unwrap().to_vec().unwrap(), vec![0.0; 6]);
+}
+
+/// Sizes whose sum or product overflows `usize` are errors, never wrapped values.
+#[test]
+fn size_overflow_is_an_error() {
+    let huge: LinopRef<f64> = Arc::new(Identity::new(dims(&[("x", usize::MAX)])));
+    let one: LinopRef<f64> = Arc::new(Identity::new(dims(&[("x", 1)])));
+    assert_invalid(Concat::new(vec![Arc::clone(&huge), Arc::clone(&one)], Some("x"), Some("x")));
+    assert_invalid(Concat::new(vec![one, huge], Some("x"), None));
+    // 2^64 tiles.
+    let wide: LinopRef<f64> =
+        Arc::new(Identity::new(dims(&[("a", 1 << 16), ("b", 1 << 16), ("c", 1 << 16), ("d", 1 << 16)])));
+    assert_invalid(split_linop(wide.as_ref(), &[("a", 1), ("b", 1), ("c", 1), ("d", 1)]));
+    // Device matrices whose shape product wraps to the number of specs given.
+    assert_invalid(DeviceMatrix::new(&[(1 << (usize::BITS - 1)) + 1, 2], vec![host(), host()]));
+    // A last tile near usize::MAX ends at the dim's end, not at a wrapped offset.
+    let half = 1usize << (usize::BITS - 1);
+    assert_eq!(tile_ranges(usize::MAX, half), vec![0..half, half..usize::MAX]);
+}
+
+/// An empty array whose other axes multiply past `usize` (no memory behind it) reads back.
+#[test]
+fn empty_array_with_huge_axes_reads_back() {
+    let a = Array::<f64>::zeros(&host(), &[0, 1 << 40, 1 << 40]).unwrap();
+    assert!(a.is_contiguous());
+    assert_eq!(a.to_vec().unwrap(), Vec::<f64>::new());
+    assert_eq!(a.permute(&[2, 1, 0]).unwrap().to_vec().unwrap(), Vec::<f64>::new());
 }
 
 #[test]

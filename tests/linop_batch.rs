@@ -10,8 +10,8 @@ mod util;
 use std::sync::Arc;
 
 use cuferry::linop::{
-    create_batched_linop, dim_role, split_linop, tile_ranges, Array, BatchSpec, Chain, DeviceMatrix, DimRole,
-    Dims, Field, Identity, LinopRef,
+    create_batched_linop, dim_role, split_linop, tile_ranges, Array, BatchSpec, Chain, Concat, Dense,
+    DeviceMatrix, Diagonal, DimRole, Dims, Field, Identity, LinopRef,
 };
 use cuferry::{Device, DeviceSpec, Error, Stream};
 use num_complex::Complex;
@@ -244,4 +244,83 @@ fn nested_specs_place_and_split_again() {
         &op.normal().apply(&x).unwrap().to_vec().unwrap(),
         1e-12,
     );
+}
+
+fn hosts(n: usize) -> DeviceMatrix {
+    DeviceMatrix::from_devices(&[n], &vec![Device::Host; n]).unwrap()
+}
+
+/// A nested spec's device matrix serves every tile of the spec before it: x=5 split by 4
+/// gives a tile of 4 (two inner tiles, both devices) and a ragged tile of 1 (one inner tile,
+/// the first device). Both are placed, and the result is the diagonal's, element by element.
+#[test]
+fn nested_device_matrix_serves_ragged_tiles() {
+    let base = host();
+    let w = [1.5f64, -2.0, 3.0, 0.5, 4.0];
+    let x = [2.0f64, 1.0, -1.0, 8.0, 0.25];
+    let op: LinopRef<f64> = Arc::new(
+        Diagonal::new(Array::from_slice(&base, &[5], &w).unwrap(), &["x"], dims(&[("x", 5)])).unwrap(),
+    );
+    let specs =
+        [BatchSpec::new(&[("x", 4)]).base(base.clone()), BatchSpec::new(&[("x", 2)]).devices(hosts(2))];
+    let batched = create_batched_linop(Arc::clone(&op), &specs).unwrap();
+    let xa = Array::from_slice(&base, &[5], &x).unwrap();
+    let want: Vec<f64> = w.iter().zip(&x).map(|(a, b)| a * b).collect();
+    assert_eq!(batched.apply(&xa).unwrap().to_vec().unwrap(), want);
+    assert_eq!(op.apply(&xa).unwrap().to_vec().unwrap(), want);
+    assert_eq!(batched.adjoint().apply(&xa).unwrap().to_vec().unwrap(), want);
+    // A device the largest inner grid (2 tiles) cannot reach is still an error.
+    let specs =
+        [BatchSpec::new(&[("x", 4)]).base(base.clone()), BatchSpec::new(&[("x", 2)]).devices(hosts(3))];
+    let r = create_batched_linop(Arc::clone(&op), &specs);
+    assert!(matches!(&r, Err(Error::InvalidArgument { what }) if what.contains("places no tile")), "{r:?}");
+    // A matrix two deep for a one-dim spec, too.
+    let square = DeviceMatrix::from_devices(&[1, 1], &[Device::Host]).unwrap();
+    let specs = [BatchSpec::new(&[("x", 4)]).base(base), BatchSpec::new(&[("x", 2)]).devices(square)];
+    assert!(matches!(create_batched_linop(op, &specs), Err(Error::InvalidArgument { .. })));
+}
+
+/// A nested spec along an internal dim that only some tiles have: `[A; B]` stacked over the
+/// output, `A` a chain through an internal dim `m` (3), `B` without it. Split by output rows
+/// the first tile is `A` (3 tiles along `m`), the second `B` (one whole tile); two devices
+/// along `m` fit. Checked against loops over the weights.
+#[test]
+fn nested_device_matrix_serves_tiles_lacking_the_dim() {
+    let base = host();
+    let mut rng = Rng::new(5);
+    let (ni, nm, no) = (4, 3, 2);
+    let wf = util::random_vec::<f64>(&mut rng, nm * ni);
+    let wg = util::random_vec::<f64>(&mut rng, no * nm);
+    let wb = util::random_vec::<f64>(&mut rng, no * ni);
+    let arr = |shape: &[usize], v: &[f64]| Array::from_slice(&base, shape, v).unwrap();
+    let f: LinopRef<f64> = Arc::new(
+        Dense::new(arr(&[nm, ni], &wf), &["m", "i"], dims(&[("i", ni)]), dims(&[("m", nm)])).unwrap(),
+    );
+    let g: LinopRef<f64> = Arc::new(
+        Dense::new(arr(&[no, nm], &wg), &["o", "m"], dims(&[("m", nm)]), dims(&[("o", no)])).unwrap(),
+    );
+    let b: LinopRef<f64> = Arc::new(
+        Dense::new(arr(&[no, ni], &wb), &["o", "i"], dims(&[("i", ni)]), dims(&[("o", no)])).unwrap(),
+    );
+    let a: LinopRef<f64> = Arc::new(Chain::new(vec![f, g]).unwrap());
+    let op: LinopRef<f64> = Arc::new(Concat::new(vec![a, b], None, Some("o")).unwrap());
+    let specs =
+        [BatchSpec::new(&[("o", no)]).base(base.clone()), BatchSpec::new(&[("m", 1)]).devices(hosts(2))];
+    let batched = create_batched_linop(Arc::clone(&op), &specs).unwrap();
+    let x = util::random_vec::<f64>(&mut rng, ni);
+    let mut want = vec![0.0f64; 2 * no];
+    for o in 0..no {
+        for m in 0..nm {
+            let fm: f64 = (0..ni).map(|i| wf[m * ni + i] * x[i]).sum();
+            want[o] += wg[o * nm + m] * fm;
+        }
+        want[no + o] = (0..ni).map(|i| wb[o * ni + i] * x[i]).sum();
+    }
+    let xa = Array::from_slice(&base, &[ni], &x).unwrap();
+    assert_close(&batched.apply(&xa).unwrap().to_vec().unwrap(), &want, 1e-12);
+    assert_close(&op.apply(&xa).unwrap().to_vec().unwrap(), &want, 1e-12);
+    dot_test(batched.as_ref(), &base, &mut rng);
+    // Four devices along m: the largest grid has 3 tiles, so one device would be dropped.
+    let specs = [BatchSpec::new(&[("o", no)]).base(base), BatchSpec::new(&[("m", 1)]).devices(hosts(4))];
+    assert!(matches!(create_batched_linop(op, &specs), Err(Error::InvalidArgument { .. })));
 }

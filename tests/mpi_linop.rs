@@ -5,7 +5,9 @@
 //!   distributed adjoint matches `A^H` and passes the dot test; both assemblies (reduce and
 //!   gather) occur;
 //! - errors are agreed on: the rank that fails returns its error, the others `PeerFailed`
-//!   naming it, and the operator keeps working afterwards.
+//!   naming it, and the operator keeps working afterwards;
+//! - `local` specs are checked as `create_batched_linop` checks nested specs, on every rank
+//!   alike: unknown dims are errors, and a local device matrix serves ragged tiles.
 
 mod mpi_common;
 #[path = "linop_common/mod.rs"]
@@ -14,7 +16,7 @@ mod util;
 use std::sync::Arc;
 
 use cuferry::distributed::{create_distributed_linop, DistributedBatchSpec, RankDevice, RankMatrix};
-use cuferry::linop::{BatchSpec, DeviceMatrix, Field, LinopRef};
+use cuferry::linop::{Array, BatchSpec, DeviceMatrix, Diagonal, Dims, Field, LinopRef};
 use cuferry::{Device, DeviceSpec, Error};
 use mpi::traits::*;
 use num_complex::Complex;
@@ -163,4 +165,74 @@ fn distributed_errors_are_agreed_on_every_rank() {
     let got = dist.apply_all((me == 2).then_some(&x)).unwrap();
     assert_close(&got.to_vec().unwrap(), &op.apply(&x).unwrap().to_vec().unwrap(), 1e-11);
     println!("rank {me}: errors agreed on");
+}
+
+/// `local` specs follow `create_batched_linop`'s rules on every rank: a dim the operator does
+/// not know is an error everywhere (it used to be ignored), and a local device matrix is
+/// judged by all the tiles it serves, so the rank holding the ragged tile places it too.
+#[test]
+fn local_specs_are_checked_like_batched_ones() {
+    if !mpi_common::ranks("local_specs_are_checked_like_batched_ones", 2) {
+        return;
+    }
+    let universe = mpi::initialize().expect("MPI initialises once");
+    let world = universe.world();
+    let me = world.rank();
+    let host = DeviceSpec::new(Device::Host).unwrap();
+    let w = [1.5f64, -2.0, 3.0, 0.5, 4.0];
+    let x = [2.0f64, 1.0, -1.0, 8.0, 0.25];
+    let op: LinopRef<f64> = Arc::new(
+        Diagonal::new(Array::from_slice(&host, &[5], &w).unwrap(), &["x"], Dims::new(&[("x", 5)]).unwrap())
+            .unwrap(),
+    );
+    let ranks = RankMatrix::one_per_rank(2, Device::Host).unwrap();
+    let hosts = |n: usize| DeviceMatrix::from_devices(&[n], &vec![Device::Host; n]).unwrap();
+    let spec = |local: Vec<BatchSpec>| DistributedBatchSpec::new(&[("x", 4)], ranks.clone()).local(local);
+    let invalid = |r: Result<_, Error>, what: &str| match r {
+        Err(Error::InvalidArgument { what: w }) => assert!(w.contains(what), "rank {me}: {w}"),
+        other => panic!("rank {me}: expected InvalidArgument about {what:?}, got {:?}", other.map(drop)),
+    };
+    // A typo in a local dim, with and without a device matrix; a local batch size of 0.
+    invalid(
+        create_distributed_linop(Arc::clone(&op), &spec(vec![BatchSpec::new(&[("xx", 2)])]), &world),
+        "\"xx\"",
+    );
+    invalid(
+        create_distributed_linop(
+            Arc::clone(&op),
+            &spec(vec![BatchSpec::new(&[("xx", 2)]).devices(hosts(1))]),
+            &world,
+        ),
+        "\"xx\"",
+    );
+    invalid(create_distributed_linop(Arc::clone(&op), &spec(vec![BatchSpec::new(&[("x", 0)])]), &world), "0");
+    // x=5 by 4: rank 0 holds a tile of 4 (two local tiles of 2), rank 1 the ragged tile of 1.
+    let dist = create_distributed_linop(
+        Arc::clone(&op),
+        &spec(vec![BatchSpec::new(&[("x", 2)]).devices(hosts(2))]),
+        &world,
+    )
+    .unwrap_or_else(|e| panic!("rank {me}: {e}"));
+    let xa = Array::from_slice(&host, &[5], &x).unwrap();
+    let got = dist.apply_all((me == 0).then_some(&xa)).unwrap().to_vec().unwrap();
+    let want: Vec<f64> = w.iter().zip(&x).map(|(a, b)| a * b).collect();
+    assert_eq!(got, want, "rank {me}");
+    // Three local devices: no tile has three local tiles, on any rank.
+    invalid(
+        create_distributed_linop(
+            Arc::clone(&op),
+            &spec(vec![BatchSpec::new(&[("x", 2)]).devices(hosts(3))]),
+            &world,
+        ),
+        "places no tile",
+    );
+    println!("rank {me}: local specs checked");
+}
+
+/// A rank matrix whose shape product wraps to the number of entries given is an error.
+#[test]
+fn rank_matrix_shape_overflow_is_an_error() {
+    let entries = vec![RankDevice::new(0, Device::Host), RankDevice::new(1, Device::Host)];
+    let r = RankMatrix::new(&[(1 << (usize::BITS - 1)) + 1, 2], entries);
+    assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
 }

@@ -22,11 +22,19 @@
 //!   on whether every rank's input and tiles succeeded; a failing rank returns its error and
 //!   the others [`Error::PeerFailed`] naming it. A rank that dies outright is MPI's business
 //!   (mpirun ends the job).
-//! - MPI messages carry at most `i32::MAX` scalars: the broadcast and the sum go in chunks,
-//!   a gather larger than that is an [`Error::InvalidArgument`] (split the output finer).
+//! - MPI messages carry at most `i32::MAX` scalars: the broadcast and the sum go in chunks.
+//!   The gather counts bytes in `int`s, so an operator whose gathered partial blocks exceed
+//!   `i32::MAX` bytes is an [`Error::InvalidArgument`] from [`create_distributed_linop`] on
+//!   every rank alike (split the output finer): the ranks decide it from the spec alone,
+//!   before any collective call.
+//! - `local` specs follow [`create_batched_linop`](crate::linop::create_batched_linop)'s
+//!   rules: every dim must be known to the operator, and their device matrices are checked
+//!   against the grids of all the tiles they split (on every rank, not only the tiles it
+//!   holds).
 
 use std::collections::BTreeMap;
 use std::ops::Range;
+use std::sync::Arc;
 
 use ::mpi::collective::{CommunicatorCollectives, Root, SystemOperation};
 use ::mpi::datatype::{Equivalence, PartitionMut};
@@ -37,8 +45,8 @@ use super::raw::{agree, PrivateComm};
 use crate::device::{Device, DeviceSpec};
 use crate::error::{Error, Result};
 use crate::linop::{
-    check_grid_fits, dim_role, grid_entry, place_tile, split_linop, Array, BatchSpec, DimRole, Dims, Field,
-    LinopRef, Tile,
+    check_device_matrices, check_grid_fits, check_specs, dim_role, grid_entry, place_tile, split_linop,
+    Array, BatchSpec, DimRole, Dims, Field, LinopRef, Tile,
 };
 
 /// Where a tile runs: a rank of the communicator and a device of that rank.
@@ -71,9 +79,11 @@ impl RankMatrix {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] when the grid is empty or `entries.len()` is not the product
-    /// of `shape`.
+    /// of `shape` (or the product overflows).
     pub fn new(shape: &[usize], entries: Vec<RankDevice>) -> Result<Self> {
-        let n: usize = shape.iter().product();
+        let n = shape.iter().try_fold(1usize, |acc, &m| acc.checked_mul(m)).ok_or_else(|| {
+            Error::invalid(format!("a rank matrix of shape {shape:?} has more than usize::MAX entries"))
+        })?;
         if n == 0 || n != entries.len() {
             return Err(Error::invalid(format!(
                 "a rank matrix of shape {shape:?} needs {n} > 0 entries, got {}",
@@ -151,12 +161,62 @@ struct LocalTile<T: Field> {
 }
 
 /// How results meet on the base rank.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 enum Assembly {
     /// Every tile writes the whole output: sum with `MPI_Reduce`.
     Reduce,
     /// Tiles write blocks: gather each rank's partial blocks, sum them on the base rank.
-    Gather,
+    Gather(GatherPlan),
+}
+
+/// The byte counts of a gather of every rank's partial blocks to the base rank, fixed when the
+/// operator is made (the same on every rank).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct GatherPlan {
+    /// Bytes each rank sends.
+    counts: Vec<i32>,
+    /// Where each rank's bytes start in the gathered buffer.
+    displs: Vec<i32>,
+    /// Elements gathered in all.
+    total: usize,
+}
+
+/// The most bytes one gather may collect: MPI counts and displacements are `int`s.
+const GATHER_LIMIT: usize = i32::MAX as usize;
+
+/// The gather of the partial `blocks` each rank holds (`rank_blocks`), for elements of
+/// `elem` bytes, or an error when it would collect more than `limit` bytes. A function of
+/// the spec alone, so every rank decides alike.
+fn gather_plan(
+    blocks: &[Vec<Range<usize>>],
+    rank_blocks: &[Vec<usize>],
+    elem: usize,
+    limit: usize,
+) -> Result<GatherPlan> {
+    let too_big = || {
+        Error::invalid(format!(
+            "gathering the partial output blocks takes more than {limit} bytes, MPI's int count \
+             limit: split the output dims finer"
+        ))
+    };
+    let block_len =
+        |b: usize| -> Option<usize> { blocks[b].iter().try_fold(1usize, |acc, r| acc.checked_mul(r.len())) };
+    let mut counts = Vec::with_capacity(rank_blocks.len());
+    let mut displs = Vec::with_capacity(rank_blocks.len());
+    let mut total = 0usize;
+    for held in rank_blocks {
+        let n = held.iter().try_fold(0usize, |acc, &b| acc.checked_add(block_len(b)?)).ok_or_else(too_big)?;
+        let start = total.checked_mul(elem).ok_or_else(too_big)?;
+        total = total.checked_add(n).ok_or_else(too_big)?;
+        let end = total.checked_mul(elem).ok_or_else(too_big)?;
+        if end > limit {
+            return Err(too_big());
+        }
+        let as_int = |bytes: usize| i32::try_from(bytes).map_err(|_| too_big());
+        counts.push(as_int(end - start)?);
+        displs.push(as_int(start)?);
+    }
+    Ok(GatherPlan { counts, displs, total })
 }
 
 /// A linear operator whose tiles run on several ranks. See the [module docs](self).
@@ -188,8 +248,10 @@ pub struct DistributedLinop<T: Field> {
 /// # Errors
 ///
 /// [`Error::InvalidArgument`] for a rank outside the communicator, a rank matrix that does
-/// not fit the tile grid, an unknown dim or a batch size of 0; the errors of splitting and
-/// placing the tiles.
+/// not fit the tile grid, an unknown dim or a batch size of 0 (in the spec or its `local`
+/// specs), a `local` device matrix with an entry no tile uses, or partial output blocks too
+/// large for one gather (more than `i32::MAX` bytes); the errors of splitting and placing the
+/// tiles. All of these but placing are decided alike on every rank before any collective call.
 pub fn create_distributed_linop<T: Field>(
     op: LinopRef<T>,
     spec: &DistributedBatchSpec,
@@ -207,10 +269,9 @@ pub fn create_distributed_linop<T: Field>(
         )));
     }
     let grid = split_linop(op.as_ref(), &spec.batch_sizes)?;
-    check_grid_fits(&spec.ranks.shape, &grid.dims, &grid.shape)?;
-    // Everything above is the same on every rank; placing tiles is not (devices differ), so
-    // the ranks agree on it after duplicating the communicator.
-    let comm = PrivateComm::duplicate(comm);
+    check_grid_fits(&spec.ranks.shape, &grid.dims, std::slice::from_ref(&grid.shape))?;
+    check_specs(op.as_ref(), &spec.local)?;
+    check_device_matrices(grid.tiles.iter().map(|t| Arc::clone(&t.linop)).collect(), &spec.local, false)?;
     let output_split =
         grid.dims.iter().any(|d| matches!(dim_role(op.as_ref(), d), DimRole::Both | DimRole::Output));
     let mut blocks: Vec<Vec<Range<usize>>> = Vec::new();
@@ -246,6 +307,15 @@ pub fn create_distributed_linop<T: Field>(
     }
     let whole: Vec<Range<usize>> = op.idims().sizes().iter().map(|&n| 0..n).collect();
     let scatter = rank_inputs.iter().flatten().any(|b| *b != whole);
+    let assembly = if output_split {
+        Assembly::Gather(gather_plan(&blocks, &rank_blocks, std::mem::size_of::<T>(), GATHER_LIMIT)?)
+    } else {
+        Assembly::Reduce
+    };
+    // Everything above is the same on every rank, so every rank returned the same error, if
+    // any, before this first collective call; placing tiles is not (devices differ), so the
+    // ranks agree on it after duplicating the communicator.
+    let comm = PrivateComm::duplicate(comm);
     let placed = place_local(mine, &spec.local);
     agree(&comm, placed.as_ref().err(), "placing its tiles failed")?;
     let (host, tiles) = placed?;
@@ -261,7 +331,7 @@ pub fn create_distributed_linop<T: Field>(
         rank_blocks,
         rank_inputs,
         scatter,
-        assembly: if output_split { Assembly::Gather } else { Assembly::Reduce },
+        assembly,
     })
 }
 
@@ -388,7 +458,7 @@ impl<T: Field> DistributedLinop<T> {
         let partial = partial?;
         // 3. The results meet.
         let out_len = self.odims.numel();
-        let result = match self.assembly {
+        let result = match &self.assembly {
             Assembly::Reduce => {
                 let mine =
                     partial.into_iter().next().map(|(_, v)| v).unwrap_or_else(|| vec![T::zero(); out_len]);
@@ -402,8 +472,8 @@ impl<T: Field> DistributedLinop<T> {
                 );
                 out
             }
-            Assembly::Gather => {
-                let mut out = self.gather(&root, partial)?;
+            Assembly::Gather(plan) => {
+                let mut out = self.gather(&root, plan, partial);
                 if everywhere {
                     let buf = out.get_or_insert_with(|| vec![T::zero(); out_len]);
                     broadcast(&root, as_scalars_mut::<T, S>(buf)?);
@@ -479,38 +549,19 @@ impl<T: Field> DistributedLinop<T> {
         Ok((part, b))
     }
 
-    /// Gathers every rank's partial blocks on the base rank and sums them into the output.
-    fn gather<R: Root>(&self, root: &R, partial: Vec<(usize, Vec<T>)>) -> Result<Option<Vec<T>>> {
+    /// Gathers every rank's partial blocks on the base rank (by `plan`, made with the
+    /// operator, so every rank takes part) and sums them into the output.
+    fn gather<R: Root>(&self, root: &R, plan: &GatherPlan, partial: Vec<(usize, Vec<T>)>) -> Option<Vec<T>> {
         let send: Vec<T> = partial.into_iter().flat_map(|(_, v)| v).collect();
         if self.comm.rank() != self.spec.base_rank {
             root.gather_varcount_into(as_bytes(&send));
-            return Ok(None);
+            return None;
         }
-        let elem = std::mem::size_of::<T>();
         let block_len = |b: usize| -> usize { self.blocks[b].iter().map(|r| r.len()).product() };
-        let counts_elems: Vec<usize> =
-            self.rank_blocks.iter().map(|held| held.iter().map(|&b| block_len(b)).sum()).collect();
-        let total: usize = counts_elems.iter().sum();
-        let limit = usize::try_from(i32::MAX).unwrap_or(usize::MAX);
-        if total.saturating_mul(elem) > limit {
-            return Err(Error::invalid(format!(
-                "gathering {} bytes exceeds MPI's int displacement limit: split the output dims finer",
-                total.saturating_mul(elem)
-            )));
-        }
-        let to_i32 = |n: usize| i32::try_from(n * elem).unwrap_or(i32::MAX);
-        let counts: Vec<i32> = counts_elems.iter().map(|&n| to_i32(n)).collect();
-        let displs: Vec<i32> = counts_elems
-            .iter()
-            .scan(0usize, |acc, &n| {
-                let d = *acc;
-                *acc += n;
-                Some(to_i32(d))
-            })
-            .collect();
-        let mut recv = vec![T::zero(); total];
+        let mut recv = vec![T::zero(); plan.total];
         {
-            let mut partition = PartitionMut::new(as_bytes_mut(&mut recv), counts, displs);
+            let mut partition =
+                PartitionMut::new(as_bytes_mut(&mut recv), plan.counts.clone(), plan.displs.clone());
             root.gather_varcount_into_root(as_bytes(&send), &mut partition);
         }
         let mut out = vec![T::zero(); self.odims.numel()];
@@ -522,7 +573,7 @@ impl<T: Field> DistributedLinop<T> {
                 at += n;
             }
         }
-        Ok(Some(out))
+        Some(out)
     }
 }
 
@@ -639,8 +690,27 @@ fn sum_to<R: Root, S: Equivalence>(
 
 #[cfg(test)]
 mod tests {
-    use super::{add_block, take_block};
+    use super::{add_block, gather_plan, take_block, GatherPlan, GATHER_LIMIT};
     use std::ops::Range;
+
+    /// The gather's size limit is decided from the spec alone (so on every rank alike, before
+    /// any collective call), counted in bytes over all ranks; here with a lowered limit.
+    #[test]
+    fn gather_plan_counts_bytes_and_rejects_gathers_past_the_limit() {
+        let blocks: Vec<Vec<Range<usize>>> = vec![vec![0..2, 0..3], vec![2..4, 0..3]];
+        let rank_blocks = vec![vec![0], vec![0, 1], vec![]];
+        let want = GatherPlan { counts: vec![48, 96, 0], displs: vec![0, 48, 144], total: 18 };
+        assert_eq!(gather_plan(&blocks, &rank_blocks, 8, 144).unwrap(), want);
+        assert_eq!(gather_plan(&blocks, &rank_blocks, 8, GATHER_LIMIT).unwrap(), want);
+        let r = gather_plan(&blocks, &rank_blocks, 8, 143);
+        assert!(
+            matches!(&r, Err(crate::Error::InvalidArgument { what }) if what.contains("split the output")),
+            "{r:?}"
+        );
+        // Sizes past usize are an error too, not a wrapped count.
+        let huge: Vec<Vec<Range<usize>>> = vec![vec![0..usize::MAX, 0..2]];
+        assert!(gather_plan(&huge, &[vec![0]], 1, GATHER_LIMIT).is_err());
+    }
 
     /// `add_block` against a plain loop over every element of the output.
     #[test]

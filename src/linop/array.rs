@@ -8,10 +8,17 @@
 //! - Placement: an array remembers the [`DeviceSpec`] it lives on. Operators compute on the
 //!   device of their input, on that spec's compute stream, and return an array with the same
 //!   spec; only [`ToDevice`](super::ToDevice) changes it. Several specs may name the same
-//!   device (e.g. several "host devices", each with its own streams).
+//!   device (e.g. several "host devices", each with its own streams). A spec whose streams
+//!   are on another device than its `device` (its fields are public) is rejected wherever
+//!   linop uses it: memory would be allocated on the stream's device but labelled with the
+//!   spec's.
 //! - Everything is queued asynchronously; only [`Array::from_slice`] (until the data has been
 //!   read) and [`Array::to_vec`] block. Ordering between operations on a buffer comes from the
 //!   buffer's use tracking (see [`crate::memory`]), so any stream may consume an array.
+//! - Errors of queued work (a kernel job that panicked) are kept by the stream it ran on;
+//!   [`Array::to_vec`] and [`Array::synchronize`] report a pending one of the array's compute
+//!   stream (where the operators that produced the array ran), as
+//!   [`Stream::query`](crate::Stream::query) would.
 //!
 //! # Examples
 //!
@@ -78,9 +85,11 @@ impl<T: Field> Array<T> {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] when `data.len()` is not the product of `shape`; errors of
+    /// [`Error::InvalidArgument`] when `data.len()` is not the product of `shape` or `spec`'s
+    /// streams are on another device than `spec.device`; errors of
     /// [`DeviceBuffer::from_slice`].
     pub fn from_slice(spec: &DeviceSpec, shape: &[usize], data: &[T]) -> Result<Self> {
+        check_spec(spec)?;
         let n = numel(shape)?;
         if n != data.len() {
             return Err(Error::invalid(format!("shape {shape:?} needs {n} elements, got {}", data.len())));
@@ -93,8 +102,10 @@ impl<T: Field> Array<T> {
     ///
     /// # Errors
     ///
-    /// Errors of [`DeviceBuffer::zeroed`].
+    /// [`Error::InvalidArgument`] when the shape's product overflows or `spec`'s streams are
+    /// on another device than `spec.device`; errors of [`DeviceBuffer::zeroed`].
     pub fn zeros(spec: &DeviceSpec, shape: &[usize]) -> Result<Self> {
+        check_spec(spec)?;
         let buf = DeviceBuffer::zeroed(&spec.compute_stream, numel(shape)?)?;
         Ok(Self::from_parts(spec.clone(), Arc::new(buf), 0, shape.to_vec(), row_major(shape)))
     }
@@ -103,8 +114,9 @@ impl<T: Field> Array<T> {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] when the buffer is on another device than `spec`, the shape
-    /// and strides differ in length, or the view reaches past the buffer.
+    /// [`Error::InvalidArgument`] when the buffer is on another device than `spec`, `spec`'s
+    /// streams are on another device than `spec.device`, the shape and strides differ in
+    /// length, or the view reaches past the buffer.
     pub fn from_buffer(
         spec: &DeviceSpec,
         buf: Arc<DeviceBuffer<T>>,
@@ -112,6 +124,7 @@ impl<T: Field> Array<T> {
         shape: &[usize],
         strides: &[usize],
     ) -> Result<Self> {
+        check_spec(spec)?;
         if buf.device() != spec.device {
             return Err(Error::invalid(format!(
                 "a buffer on {} cannot be an array on {}",
@@ -174,7 +187,8 @@ impl<T: Field> Array<T> {
 
     /// Number of elements.
     pub fn len(&self) -> usize {
-        self.shape.iter().product()
+        // Checked when the array was made, and a view never grows: no overflow here.
+        numel(&self.shape).unwrap_or(usize::MAX)
     }
 
     /// Whether the array has no elements.
@@ -199,12 +213,14 @@ impl<T: Field> Array<T> {
 
     /// Whether the view is row-major contiguous (axes of size 1 may have any stride).
     pub fn is_contiguous(&self) -> bool {
+        // Saturating as `row_major` is: the product only overflows past an axis of size 0
+        // (the array is empty), where it is compared with row-major strides made the same way.
         let mut expected = 1usize;
         for (&n, &s) in self.shape.iter().zip(&self.strides).rev() {
             if n != 1 && s != expected {
                 return false;
             }
-            expected *= n;
+            expected = expected.saturating_mul(n);
         }
         true
     }
@@ -214,8 +230,10 @@ impl<T: Field> Array<T> {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] when `spec` names another device.
+    /// [`Error::InvalidArgument`] when `spec` names another device, or its streams are on
+    /// another device than `spec.device`.
     pub fn with_spec(&self, spec: &DeviceSpec) -> Result<Self> {
+        check_spec(spec)?;
         if spec.device != self.spec.device {
             return Err(Error::invalid(format!(
                 "with_spec keeps the device: the array is on {}, the spec on {}",
@@ -291,7 +309,9 @@ impl<T: Field> Array<T> {
     ///
     /// # Errors
     ///
-    /// Errors of the copies.
+    /// Errors of the copies; a pending error of queued work on the compute stream (a kernel
+    /// job that panicked, [`Error::HostFnPanicked`]), reported once, as
+    /// [`Stream::query`](crate::Stream::query) does.
     pub fn to_vec(&self) -> Result<Vec<T>> {
         let a = self.contiguous()?;
         let n = a.len();
@@ -301,6 +321,7 @@ impl<T: Field> Array<T> {
             copy_range(&a.spec.compute_stream, &*a.buf, a.offset, &mut dst, 0, n)?;
             dst.wait()?;
         }
+        pending_error(&a.spec)?;
         Ok(out)
     }
 
@@ -308,16 +329,80 @@ impl<T: Field> Array<T> {
     ///
     /// # Errors
     ///
-    /// As [`DeviceBuffer::synchronize`].
+    /// As [`DeviceBuffer::synchronize`]; then a pending error of queued work on the compute
+    /// stream, as for [`Array::to_vec`].
     pub fn synchronize(&self) -> Result<()> {
-        self.buf.synchronize()
+        self.buf.synchronize()?;
+        pending_error(&self.spec)
     }
 }
 
-/// The product of `shape`, or an error on overflow.
+/// Checks that `spec`'s streams run on `spec.device`: linop allocates an array's memory on
+/// its compute stream's device and labels it with `spec.device`, and launches kernels by the
+/// label, so a mismatch would hand one device's memory to another's kernels.
+pub(crate) fn check_spec(spec: &DeviceSpec) -> Result<()> {
+    let streams = std::iter::once(("compute", &spec.compute_stream))
+        .chain(spec.transfer_stream.as_ref().map(|s| ("transfer", s)));
+    for (what, s) in streams {
+        if s.device() != spec.device {
+            return Err(Error::invalid(format!(
+                "a DeviceSpec for {} has its {what} stream on {}; build specs with DeviceSpec::new or \
+                 DeviceSpec::with_streams",
+                spec.device,
+                s.device()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A pending error of work queued on `spec`'s compute stream (taken: reported once). Call it
+/// after waiting for that work.
+fn pending_error(spec: &DeviceSpec) -> Result<()> {
+    spec.compute_stream.query().map(drop)
+}
+
+/// The product of `shape`, or an error on overflow (0 for a shape with an axis of 0, whatever
+/// the order of the axes).
 pub(crate) fn numel(shape: &[usize]) -> Result<usize> {
+    if shape.contains(&0) {
+        return Ok(0);
+    }
     shape
         .iter()
         .try_fold(1usize, |acc, &n| acc.checked_mul(n))
         .ok_or_else(|| Error::invalid(format!("shape {shape:?} overflows")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A kernel job that panics on a host stream: its output is never written, and reading the
+    /// array back must say so instead of returning the zeroed buffer.
+    fn panicked_array(spec: &DeviceSpec) -> Array<f64> {
+        let mut out = DeviceBuffer::<f64>::zeroed(&spec.compute_stream, 4).unwrap();
+        compute::host::launch(&spec.compute_stream, &[], &mut out, |_, _| panic!("a kernel bug")).unwrap();
+        Array::from_owned(spec, out, &[4])
+    }
+
+    #[test]
+    fn to_vec_reports_a_kernel_job_that_panicked() {
+        let spec = DeviceSpec::new(Device::Host).unwrap();
+        let r = panicked_array(&spec).to_vec();
+        assert!(
+            matches!(&r, Err(Error::HostFnPanicked { message }) if message.contains("a kernel bug")),
+            "{r:?}"
+        );
+        // Reported once: the stream is clean afterwards.
+        assert_eq!(Array::from_slice(&spec, &[2], &[1.0, 2.0]).unwrap().to_vec().unwrap(), [1.0, 2.0]);
+    }
+
+    #[test]
+    fn synchronize_reports_a_kernel_job_that_panicked() {
+        let spec = DeviceSpec::new(Device::Host).unwrap();
+        let r = panicked_array(&spec).synchronize();
+        assert!(matches!(&r, Err(Error::HostFnPanicked { .. })), "{r:?}");
+        spec.compute_stream.synchronize().unwrap();
+    }
 }

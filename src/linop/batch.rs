@@ -11,8 +11,12 @@
 //!   pipelined (see [`transfer_stream`](super::transfer_stream)).
 //! - The device matrix is indexed by the tile index, repeated (and truncated) along each axis
 //!   when it is smaller than the tile grid; axes it lacks (it may have fewer than the grid)
-//!   count as size 1. A device matrix larger than the grid along an axis, or with more axes,
-//!   is an error: silently dropping devices would hide a mistake.
+//!   count as size 1. A device matrix with more axes than the spec has dims, or with an entry
+//!   that places no tile, is an error: silently dropping devices would hide a mistake. For
+//!   the outermost spec that means a matrix larger than the grid along an axis; a nested spec
+//!   meets one grid per tile of the spec before it (ragged tiles and tiles lacking a dim have
+//!   fewer tiles, and use only the matrix's leading entries), so its matrix is checked against
+//!   all of them together: each entry must place a tile of some grid.
 //! - Every dim of every spec must be known to the operator and have a batch size above 0.
 //!   Inside a tile (nested specs), a dim the tile no longer has (an internal dim of a part
 //!   the tile does not contain) is one whole tile.
@@ -41,13 +45,15 @@
 //! # Ok::<(), cuferry::Error>(())
 //! ```
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use super::add::Add;
+use super::array::check_spec;
 use super::chain::Chain;
 use super::concat::Concat;
 use super::field::Field;
-use super::op::{dim_role, DimRole, LinopRef};
+use super::op::{dim_role, DimRole, Linop, LinopRef};
 use super::split::split_linop;
 use super::to_device::ToDevice;
 use crate::device::{Device, DeviceSpec};
@@ -65,16 +71,20 @@ impl DeviceMatrix {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] when the grid is empty or `specs.len()` is not the product
-    /// of `shape`.
+    /// [`Error::InvalidArgument`] when the grid is empty, `specs.len()` is not the product
+    /// of `shape` (or the product overflows), or a spec's streams are on another device than
+    /// its `device`.
     pub fn new(shape: &[usize], specs: Vec<DeviceSpec>) -> Result<Self> {
-        let n: usize = shape.iter().product();
+        let n = shape.iter().try_fold(1usize, |acc, &m| acc.checked_mul(m)).ok_or_else(|| {
+            Error::invalid(format!("a device matrix of shape {shape:?} has more than usize::MAX entries"))
+        })?;
         if n == 0 || n != specs.len() {
             return Err(Error::invalid(format!(
                 "a device matrix of shape {shape:?} needs {n} > 0 specs, got {}",
                 specs.len()
             )));
         }
+        specs.iter().try_for_each(check_spec)?;
         Ok(DeviceMatrix { shape: shape.to_vec(), specs })
     }
 
@@ -120,25 +130,50 @@ pub(crate) fn grid_entry(shape: &[usize], index: &[usize]) -> usize {
     shape.iter().enumerate().fold(0, |acc, (a, &n)| acc * n + index.get(a).map_or(0, |i| i % n))
 }
 
-/// Checks that a placement grid of `shape` fits a tile grid of `grid` (split along `dims`):
-/// no more axes, and no more entries along an axis than there are tiles.
-pub(crate) fn check_grid_fits(shape: &[usize], dims: &[String], grid: &[usize]) -> Result<()> {
-    if shape.len() > grid.len() {
+/// Checks that a placement grid of `shape`, for a spec splitting along `dims`, places a tile
+/// of one of the tile `grids` it is applied to (each with an axis per dim) with every entry,
+/// and has no more axes than `dims`. Against one grid: no more entries along an axis than
+/// there are tiles.
+pub(crate) fn check_grid_fits(shape: &[usize], dims: &[String], grids: &[Vec<usize>]) -> Result<()> {
+    if shape.len() > dims.len() {
         return Err(Error::invalid(format!(
             "a {}-d placement matrix for a {}-d tile grid (dims {dims:?})",
             shape.len(),
-            grid.len()
+            dims.len()
         )));
     }
-    for (a, (&m, &g)) in shape.iter().zip(grid).enumerate() {
-        if m > g {
+    let reaches = |index: &[usize]| grids.iter().any(|g| index.iter().zip(g).all(|(i, n)| i < n));
+    let mut index = vec![0usize; shape.len()];
+    loop {
+        if !reaches(&index) {
+            let mut largest = vec![0usize; dims.len()];
+            for g in grids {
+                largest.iter_mut().zip(g).for_each(|(l, &n)| *l = (*l).max(n));
+            }
+            let why = match index.iter().zip(&largest).position(|(i, n)| i >= n) {
+                Some(a) => {
+                    format!("along axis {a} (dim {:?}) there are at most {} tiles", dims[a], largest[a])
+                }
+                None => format!("no one tile grid reaches it (the grids are {grids:?})"),
+            };
             return Err(Error::invalid(format!(
-                "the placement matrix has {m} entries along axis {a} (dim {:?}) but there are only {g} tiles",
-                dims[a]
+                "entry {index:?} of the placement matrix of shape {shape:?} places no tile: {why}"
             )));
         }
+        // The next entry, last axis fastest.
+        let mut axis = shape.len();
+        loop {
+            if axis == 0 {
+                return Ok(());
+            }
+            axis -= 1;
+            index[axis] += 1;
+            if index[axis] < shape[axis] {
+                break;
+            }
+            index[axis] = 0;
+        }
     }
-    Ok(())
 }
 
 /// How to split an operator and where to put the tiles. See the [module docs](crate::linop).
@@ -180,9 +215,18 @@ impl BatchSpec {
 /// # Errors
 ///
 /// Errors of [`split_linop`] (bad batch sizes, unknown dims, inexpressible splits);
-/// [`Error::InvalidArgument`] for a device matrix that does not fit the grid or has no base
-/// device; errors of placing parameters.
+/// [`Error::InvalidArgument`] for a device matrix that does not fit the grids it meets or has
+/// no base device, or a base spec whose streams are on another device than its `device`;
+/// errors of placing parameters.
 pub fn create_batched_linop<T: Field>(op: LinopRef<T>, specs: &[BatchSpec]) -> Result<LinopRef<T>> {
+    check_specs(op.as_ref(), specs)?;
+    check_device_matrices(vec![Arc::clone(&op)], specs, true)?;
+    build(op, specs, None, true)
+}
+
+/// Checks `specs` against the whole operator `op`: every batch size above 0, every dim known
+/// to `op`, every base spec's streams on its device.
+pub(crate) fn check_specs<T: Field>(op: &dyn Linop<T>, specs: &[BatchSpec]) -> Result<()> {
     for spec in specs {
         for (d, b) in &spec.batch_sizes {
             if *b == 0 {
@@ -192,8 +236,73 @@ pub fn create_batched_linop<T: Field>(op: LinopRef<T>, specs: &[BatchSpec]) -> R
                 return Err(super::dims::unknown_dim(op.name(), d));
             }
         }
+        if let Some(base) = &spec.base_device {
+            check_spec(base)?;
+        }
     }
-    build(op, specs, None, true)
+    Ok(())
+}
+
+/// Whether `op` knows each dim of `spec` (at the outermost level every dim counts as known;
+/// [`check_specs`] has checked them against the whole operator).
+fn known_dims<T: Field>(op: &dyn Linop<T>, spec: &BatchSpec, outermost: bool) -> Vec<bool> {
+    spec.batch_sizes.iter().map(|(d, _)| outermost || op.dim_size(d).is_some()).collect()
+}
+
+/// The shape of the tile grid `spec` cuts `op` into, with an axis per dim of `spec` (size 1
+/// for a dim `op` lacks), as [`split_linop`] makes it.
+fn grid_shape<T: Field>(op: &dyn Linop<T>, spec: &BatchSpec, outermost: bool) -> Vec<usize> {
+    spec.batch_sizes
+        .iter()
+        .zip(known_dims(op, spec, outermost))
+        .map(|((d, b), known)| match op.dim_size(d) {
+            Some(n) if known && *b > 0 => n.div_ceil(*b).max(1),
+            _ => 1,
+        })
+        .collect()
+}
+
+/// Checks the device matrix of every spec with [`check_grid_fits`] against all the tile grids
+/// that spec makes: the first spec cuts each of `ops` (the whole operator when `outermost`,
+/// else the tiles of an enclosing split), every later spec each tile of the one before.
+/// Called once before anything is placed, so a nested matrix is judged by every tile it
+/// serves, not tile by tile.
+pub(crate) fn check_device_matrices<T: Field>(
+    mut ops: Vec<LinopRef<T>>,
+    specs: &[BatchSpec],
+    outermost: bool,
+) -> Result<()> {
+    let Some(last) = specs.iter().rposition(|s| s.device_matrix.is_some()) else {
+        return Ok(());
+    };
+    for (level, spec) in specs[..=last].iter().enumerate() {
+        let outer = outermost && level == 0;
+        let mut grids: BTreeSet<Vec<usize>> = BTreeSet::new();
+        let mut tiles = Vec::new();
+        for op in &ops {
+            grids.insert(grid_shape(op.as_ref(), spec, outer));
+            if level < last {
+                let batches = known_batches(op.as_ref(), spec, outer);
+                tiles.extend(split_linop(op.as_ref(), &batches)?.tiles.into_iter().map(|t| t.linop));
+            }
+        }
+        if let Some(m) = &spec.device_matrix {
+            let dims: Vec<String> = spec.batch_sizes.iter().map(|(d, _)| d.clone()).collect();
+            check_grid_fits(m.shape(), &dims, &grids.into_iter().collect::<Vec<_>>())?;
+        }
+        ops = tiles;
+    }
+    Ok(())
+}
+
+/// The `(dim, batch size)` pairs of `spec` that `op` knows (see [`known_dims`]).
+fn known_batches<T: Field>(op: &dyn Linop<T>, spec: &BatchSpec, outermost: bool) -> Vec<(String, usize)> {
+    spec.batch_sizes
+        .iter()
+        .zip(known_dims(op, spec, outermost))
+        .filter(|(_, k)| *k)
+        .map(|(b, _)| b.clone())
+        .collect()
 }
 
 fn build<T: Field>(
@@ -207,21 +316,10 @@ fn build<T: Field>(
     };
     let base = spec.base_device.as_ref().or(inherited);
     // Inside a tile, a dim the tile no longer has (an internal dim of a part it lacks) is one
-    // whole tile; it keeps its axis so the device matrix stays aligned with the spec.
-    let known: Vec<bool> =
-        spec.batch_sizes.iter().map(|(d, _)| outermost || op.dim_size(d).is_some()).collect();
-    let batches: Vec<(String, usize)> =
-        spec.batch_sizes.iter().zip(&known).filter(|(_, k)| **k).map(|(b, _)| b.clone()).collect();
-    let grid = split_linop(op.as_ref(), &batches)?;
-    let mut full_shape = Vec::with_capacity(known.len());
-    let mut axes = grid.shape.iter();
-    for k in &known {
-        full_shape.push(if *k { axes.next().copied().unwrap_or(1) } else { 1 });
-    }
-    let spec_dims: Vec<String> = spec.batch_sizes.iter().map(|(d, _)| d.clone()).collect();
-    if let Some(m) = &spec.device_matrix {
-        check_grid_fits(m.shape(), &spec_dims, &full_shape)?;
-    }
+    // whole tile; it keeps its axis so the device matrix stays aligned with the spec. The
+    // matrices were checked against every grid beforehand (`check_device_matrices`).
+    let known = known_dims(op.as_ref(), spec, outermost);
+    let grid = split_linop(op.as_ref(), &known_batches(op.as_ref(), spec, outermost))?;
     let mut items: Vec<LinopRef<T>> = Vec::with_capacity(grid.tiles.len());
     for tile in grid.tiles {
         let item = match &spec.device_matrix {
@@ -248,7 +346,8 @@ fn build<T: Field>(
 }
 
 /// A tile placed on `dev`: `ToDevice(base -> dev)`, the tile with its parameters on `dev` and
-/// the remaining specs `rest` applied, `ToDevice(dev -> base)`.
+/// the remaining specs `rest` applied, `ToDevice(dev -> base)`. The caller has checked `rest`
+/// ([`check_specs`] against the whole operator, [`check_device_matrices`] against all tiles).
 pub(crate) fn place_tile<T: Field>(
     tile: &LinopRef<T>,
     rest: &[BatchSpec],

@@ -71,7 +71,9 @@ fn joined<T: Field>(
             let size = d.size_of(c).ok_or_else(|| {
                 Error::invalid(format!("Concat: operator {k} ({}) has no {side} dim {c:?}", op.name()))
             })?;
-            total += size;
+            total = total.checked_add(size).ok_or_else(|| {
+                Error::invalid(format!("Concat: the {side} dim {c:?} of the operators overflows usize"))
+            })?;
         }
         let same = match cat {
             Some(c) => d.names() == first.names() && d.with_size(c, 0) == first.with_size(c, 0),
@@ -97,8 +99,8 @@ impl<T: Field> Concat<T> {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] for no operators, neither dim given, a missing dim, dims
-    /// that disagree between operators, or a concatenated dim that also appears on the other
-    /// side outside a block-diagonal pair.
+    /// that disagree between operators, a concatenated dim that also appears on the other
+    /// side outside a block-diagonal pair, or a concatenated size that overflows `usize`.
     pub fn new(ops: Vec<LinopRef<T>>, idim: Option<&str>, odim: Option<&str>) -> Result<Self> {
         if ops.is_empty() {
             return Err(Error::invalid("a Concat of no operators"));

@@ -95,9 +95,13 @@ impl Dims {
         self.position(name).map(|k| self.sizes[k])
     }
 
-    /// The product of the sizes (1 for no dims).
+    /// The product of the sizes (1 for no dims, 0 when a size is 0), saturating at
+    /// `usize::MAX`.
     pub fn numel(&self) -> usize {
-        self.sizes.iter().product()
+        if self.sizes.contains(&0) {
+            return 0;
+        }
+        self.sizes.iter().fold(1usize, |acc, &n| acc.saturating_mul(n))
     }
 
     /// The same dims with `name` resized to `size` (unchanged when `name` is absent).

@@ -2,7 +2,8 @@
 //!
 //! Rules:
 //! - `Identity` and `Scalar` map dims to the same dims (every dim is a batch dim), so a split
-//!   restricts input and output alike. `Zero` maps any dims to any dims.
+//!   restricts input and output alike. `Zero` maps any dims to any dims, except that a name
+//!   on both sides is a batch dim and has one size.
 //! - `Identity` returns its input (the array is immutable, so no copy is made) and works on
 //!   every device; `Scalar` is arithmetic and needs a kernel for the input's device.
 //! - Adjoints: `I^H = I`, `(alpha I)^H = conj(alpha) I`; normals: `I`, `|alpha|^2 I`.
@@ -29,7 +30,7 @@ use super::dims::Dims;
 use super::field::Field;
 use super::op::{check_input, check_split, restrict, Linop, LinopRef};
 use crate::device::DeviceSpec;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// The identity on `dims`.
 #[derive(Clone, Debug)]
@@ -131,8 +132,28 @@ pub struct Zero {
 
 impl Zero {
     /// The zero map from `idims` to `odims`.
-    pub fn new(idims: Dims, odims: Dims) -> Self {
-        Zero { idims, odims }
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when a dim in both `idims` and `odims` (a batch dim) has two
+    /// sizes.
+    pub fn new(idims: Dims, odims: Dims) -> Result<Self> {
+        for (n, &s) in idims.names().iter().zip(idims.sizes()) {
+            if let Some(o) = odims.size_of(n) {
+                if o != s {
+                    return Err(Error::invalid(format!(
+                        "Zero: dim {n:?} is {s} in the input and {o} in the output; a dim on both sides \
+                         is one dim with one size"
+                    )));
+                }
+            }
+        }
+        Ok(Zero { idims, odims })
+    }
+
+    /// The zero map with the dims of `op` (consistent already).
+    fn like<T: Field>(op: &LinopRef<T>) -> Self {
+        Zero { idims: op.idims().clone(), odims: op.odims().clone() }
     }
 }
 
@@ -172,7 +193,7 @@ pub(crate) fn once_in_first_tile<T: Field>(op: &LinopRef<T>, range: &Range<usize
     if range.start == 0 {
         Arc::clone(op)
     } else {
-        Arc::new(Zero::new(op.idims().clone(), op.odims().clone()))
+        Arc::new(Zero::like(op))
     }
 }
 
@@ -186,9 +207,7 @@ pub(crate) fn split_internal<T: Field>(
 ) -> Result<LinopRef<T>> {
     match op.dim_size(dim) {
         None => Ok(once_in_first_tile(op, range)),
-        Some(n) if range.start >= n && n > 0 => {
-            Ok(Arc::new(Zero::new(op.idims().clone(), op.odims().clone())))
-        }
+        Some(n) if range.start >= n && n > 0 => Ok(Arc::new(Zero::like(op))),
         Some(n) => op.split(dim, range.start.min(n)..range.end.min(n)),
     }
 }

@@ -21,11 +21,15 @@ pub(crate) fn row_major(shape: &[usize]) -> Vec<usize> {
 
 /// Merges adjacent axes that every operand walks as one (stride of the outer axis equals
 /// stride times size of the inner one), and drops axes of size 1. Returns the new shape and
-/// strides per operand.
+/// strides per operand; an empty index space becomes one axis of size 0.
 pub(crate) fn collapse<const N: usize>(
     shape: &[usize],
     strides: [&[usize]; N],
 ) -> (Vec<usize>, [Vec<usize>; N]) {
+    if shape.contains(&0) {
+        // Nothing to visit; the other sizes may multiply past usize.
+        return (vec![0], std::array::from_fn(|_| vec![0]));
+    }
     let mut out_shape: Vec<usize> = Vec::with_capacity(shape.len());
     let mut out_strides: [Vec<usize>; N] = std::array::from_fn(|_| Vec::with_capacity(shape.len()));
     for (axis, &size) in shape.iter().enumerate() {
@@ -35,7 +39,7 @@ pub(crate) fn collapse<const N: usize>(
         let mergeable = match out_shape.last() {
             Some(_) => (0..N).all(|k| {
                 let prev = *out_strides[k].last().unwrap_or(&0);
-                prev == strides[k][axis] * size
+                strides[k][axis].checked_mul(size) == Some(prev)
             }),
             None => false,
         };

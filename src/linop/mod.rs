@@ -66,7 +66,7 @@ mod weight;
 pub use add::Add;
 pub use array::Array;
 #[cfg(feature = "mpi")]
-pub(crate) use batch::{check_grid_fits, grid_entry, place_tile};
+pub(crate) use batch::{check_device_matrices, check_grid_fits, check_specs, grid_entry, place_tile};
 pub use batch::{create_batched_linop, BatchSpec, DeviceMatrix};
 pub use chain::Chain;
 pub use compute::NO_CUDA_KERNELS;

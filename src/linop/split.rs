@@ -6,7 +6,8 @@
 //! - The grid's axes follow the order of the pairs; tiles are listed in row-major order.
 //! - Each tile is the operator split along every listed dim ([`Linop::split`]), with the
 //!   ranges of its input and output (whole axes for dims not split or not present).
-//! - A batch size of 0, a repeated dim or a dim the operator does not know is an error.
+//! - A batch size of 0, a repeated dim or a dim the operator does not know is an error, and
+//!   so is a grid whose tile count overflows `usize` (checked before anything is built).
 //! - Splitting along one dim may leave a tile without another, internal, dim (a block of a
 //!   `Concat` that lacks it); such a tile is whole in the first tile along that dim and
 //!   [`Zero`](super::Zero) in the others, so the tiles still sum to the operator.
@@ -74,21 +75,22 @@ pub fn tile_ranges(size: usize, batch: usize) -> Vec<Range<usize>> {
     if size == 0 || batch == 0 {
         return std::iter::once(0..0).collect();
     }
-    (0..size).step_by(batch).map(|s| s..(s + batch).min(size)).collect()
+    (0..size).step_by(batch).map(|s| s..s.saturating_add(batch).min(size)).collect()
 }
 
 /// Cuts `op` into tiles. See the [module docs](crate::linop).
 ///
 /// # Errors
 ///
-/// [`Error::InvalidArgument`] for a batch size of 0, a dim listed twice or unknown to `op`;
-/// errors of [`Linop::split`] (splits the operator's structure cannot express exactly).
+/// [`Error::InvalidArgument`] for a batch size of 0, a dim listed twice or unknown to `op`, or
+/// a grid whose tile count overflows `usize` or whose tile list cannot be allocated; errors of
+/// [`Linop::split`] (splits the operator's structure cannot express exactly).
 pub fn split_linop<T: Field, S: AsRef<str>>(
     op: &dyn Linop<T>,
     batch_sizes: &[(S, usize)],
 ) -> Result<SplitGrid<T>> {
     let mut dims: Vec<String> = Vec::new();
-    let mut ranges: Vec<Vec<Range<usize>>> = Vec::new();
+    let mut cuts: Vec<(usize, usize)> = Vec::new();
     for (d, b) in batch_sizes {
         let d = d.as_ref();
         if *b == 0 {
@@ -99,11 +101,19 @@ pub fn split_linop<T: Field, S: AsRef<str>>(
         }
         let size = op.dim_size(d).ok_or_else(|| unknown_dim(op.name(), d))?;
         dims.push(d.to_owned());
-        ranges.push(tile_ranges(size, *b));
+        cuts.push((size, *b));
     }
-    let shape: Vec<usize> = ranges.iter().map(Vec::len).collect();
-    let count: usize = shape.iter().product();
-    let mut tiles = Vec::with_capacity(count);
+    // The tile count is checked, and the tile list allocated, before any range list is made:
+    // each of those is no longer than the tile list.
+    let shape: Vec<usize> = cuts.iter().map(|&(size, b)| size.div_ceil(b).max(1)).collect();
+    let count = shape.iter().try_fold(1usize, |acc, &n| acc.checked_mul(n)).ok_or_else(|| {
+        Error::invalid(format!("a tile grid of shape {shape:?} has more than usize::MAX tiles"))
+    })?;
+    let mut tiles = Vec::new();
+    tiles.try_reserve_exact(count).map_err(|e| {
+        Error::invalid(format!("a tile grid of shape {shape:?} ({count} tiles) does not fit in memory: {e}"))
+    })?;
+    let ranges: Vec<Vec<Range<usize>>> = cuts.iter().map(|&(size, b)| tile_ranges(size, b)).collect();
     let mut index = vec![0usize; shape.len()];
     for _ in 0..count {
         let mut linop = op.clone_ref();

@@ -7,7 +7,8 @@
 //!   lossless). Splitting restricts the dims (the operator is diagonal in every dim).
 //! - Transfers are asynchronous and pipelined on the pair's transfer stream; see
 //!   [`transfer_stream`](super::transfer_stream) for the stream choice and the ordering. The
-//!   stream is resolved on first use and kept by the operator (and its clones and splits).
+//!   stream is resolved on the first copy and kept by the operator (and its clones and
+//!   splits); between two specs of one device nothing is copied and no stream is made.
 //! - Works between any devices: host and host (two host "devices" are two specs), host and
 //!   CUDA, CUDA and CUDA.
 //!
@@ -35,7 +36,7 @@ use super::dims::Dims;
 use super::field::Field;
 use super::identity::Identity;
 use super::op::{check_input, check_split, restrict, Linop, LinopRef};
-use super::transfer::{transfer_on, transfer_stream};
+use super::transfer::{relabel, transfer_on, transfer_stream};
 use crate::device::DeviceSpec;
 use crate::error::{Error, Result};
 use crate::stream::Stream;
@@ -106,6 +107,10 @@ impl<T: Field> Linop<T> for ToDevice {
                 x.device()
             )));
         }
+        if x.device() == self.ospec.device {
+            // No copy within one device, so no transfer stream either.
+            return relabel(x, &self.ospec);
+        }
         transfer_on(x, &self.ospec, &*self.stream()?)
     }
     fn adjoint(&self) -> LinopRef<T> {
@@ -120,5 +125,22 @@ impl<T: Field> Linop<T> for ToDevice {
     }
     fn place_on(&self, _spec: &DeviceSpec) -> Result<LinopRef<T>> {
         Ok(Arc::new(self.clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::Device;
+
+    #[test]
+    fn no_transfer_stream_within_one_device() {
+        let (a, b) = (DeviceSpec::new(Device::Host).unwrap(), DeviceSpec::new(Device::Host).unwrap());
+        let t = ToDevice::new(a.clone(), b.clone(), Dims::new(&[("x", 2)]).unwrap());
+        let x = Array::from_slice(&a, &[2], &[1.0f64, 2.0]).unwrap();
+        let y = Linop::<f64>::apply(&t, &x).unwrap();
+        assert_eq!(y.spec().compute_stream.id(), b.compute_stream.id());
+        assert_eq!(y.to_vec().unwrap(), [1.0, 2.0]);
+        assert!(t.stream.lock().unwrap().is_none(), "a transfer stream was made for no copy");
     }
 }

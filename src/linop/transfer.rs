@@ -9,6 +9,9 @@
 //!   separate streams), reused while any operator holds it; a pair nobody uses any more is
 //!   forgotten, so its worker goes away. Inbound and outbound copies of a device are two pairs
 //!   and never queue behind each other.
+//! - Both specs' streams must be on their specs' devices (an
+//!   [`Error::InvalidArgument`](crate::Error::InvalidArgument) otherwise), and the stream a
+//!   copy runs on must be able to run it.
 //! - Ordering is by events, never by blocking the caller: the copy waits for the event the
 //!   source buffer recorded after the work that produced it (on the source's compute stream,
 //!   or wherever it was produced), and every later use of the result (on the target's compute
@@ -17,9 +20,10 @@
 //!   order each tile's inbound copy after the previous tile's outbound copy and serialise a
 //!   batched operator.
 //! - Within one device (two placements of the same device, e.g. two host "devices"): no copy;
-//!   the result shares the buffer under the new placement, ordered by its tracker. CUDA to
-//!   another CUDA device: a peer copy on the transfer stream; peer access is enabled once per pair when
-//!   [`can_access_peer`] allows it, otherwise the driver stages the copy. Host and CUDA:
+//!   the result shares the buffer under the new placement, ordered by its tracker, and no
+//!   transfer stream is made for it. CUDA to another CUDA device: a peer copy on the transfer
+//!   stream; peer access is enabled once per pair when [`can_access_peer`] allows it,
+//!   otherwise the driver stages the copy. Host and CUDA:
 //!   through a pinned staging buffer (host memory -> pinned -> device, or back), both steps on
 //!   the CUDA side's stream; the staging buffer lives as long as the result.
 //!
@@ -40,11 +44,11 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use super::array::Array;
+use super::array::{check_spec, Array};
 use super::field::Field;
 use crate::copy::{copy, copy_range};
 use crate::device::{can_access_peer, enable_peer_access, Device, DeviceSpec};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::memory::{DeviceBuffer, PinnedBuffer};
 use crate::stream::Stream;
 
@@ -81,8 +85,12 @@ fn stream_device(src: Device, dst: Device) -> Device {
 ///
 /// # Errors
 ///
-/// Errors of [`Stream::new`] for a new stream; CUDA errors of enabling peer access.
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when a spec's streams are on
+/// another device than the spec's `device`; errors of [`Stream::new`] for a new stream; CUDA
+/// errors of enabling peer access.
 pub fn transfer_stream(ispec: &DeviceSpec, ospec: &DeviceSpec) -> Result<Arc<Stream>> {
+    check_spec(ispec)?;
+    check_spec(ospec)?;
     let (src, dst) = (ispec.device, ospec.device);
     for s in [&ospec.transfer_stream, &ispec.transfer_stream].into_iter().flatten() {
         if can_run(s.device(), src, dst) {
@@ -109,19 +117,36 @@ pub fn transfer_stream(ispec: &DeviceSpec, ospec: &DeviceSpec) -> Result<Arc<Str
     Ok(stream)
 }
 
-/// `x` copied to `ospec` on the registry's stream for `(x.spec(), ospec)`.
+/// `x` copied to `ospec` on the registry's stream for `(x.spec(), ospec)`; within one device
+/// no copy and no stream (see [`relabel`]).
 pub(crate) fn transfer<T: Field>(x: &Array<T>, ospec: &DeviceSpec) -> Result<Array<T>> {
+    if x.device() == ospec.device {
+        return relabel(x, ospec);
+    }
     let stream = transfer_stream(x.spec(), ospec)?;
     transfer_on(x, ospec, &stream)
+}
+
+/// `x` under `ospec`, a spec of the same device: no copy. The buffer's tracker orders every
+/// later use (on the target's streams or anywhere) after the work that produced it.
+pub(crate) fn relabel<T: Field>(x: &Array<T>, ospec: &DeviceSpec) -> Result<Array<T>> {
+    x.with_spec(ospec)
 }
 
 /// `x` copied to `ospec` on `stream` (which must be able to run the copy). Returns at once;
 /// the copy is ordered by the buffers' trackers.
 pub(crate) fn transfer_on<T: Field>(x: &Array<T>, ospec: &DeviceSpec, stream: &Stream) -> Result<Array<T>> {
     if x.device() == ospec.device {
-        // Same memory: no copy. The buffer's tracker orders every later use (on the target's
-        // streams or anywhere) after the work that produced it.
-        return x.with_spec(ospec);
+        return relabel(x, ospec);
+    }
+    check_spec(ospec)?;
+    if !can_run(stream.device(), x.device(), ospec.device) {
+        return Err(Error::invalid(format!(
+            "a stream of {} cannot copy from {} to {}",
+            stream.device(),
+            x.device(),
+            ospec.device
+        )));
     }
     let src = x.contiguous()?;
     let n = src.len();

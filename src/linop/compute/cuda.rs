@@ -2,8 +2,9 @@
 //! stream, ordered with every buffer it touches by their use trackers.
 //!
 //! Rules: descriptors hold at most `CUFERRY_LINOP_MAX_DIMS` loop dims (an error otherwise);
-//! the output buffer is borrowed mutably and distinct from the inputs. Compiled with nvcc;
-//! these kernels have not yet run on a GPU in this project's history.
+//! every buffer is memory of the stream's device (an error otherwise); the output buffer is
+//! borrowed mutably and distinct from the inputs. Compiled with nvcc; these kernels have not
+//! yet run on a GPU in this project's history.
 
 use std::os::raw::c_void;
 
@@ -26,6 +27,18 @@ fn dims_ok(n: usize) -> Result<()> {
     Ok(())
 }
 
+/// Checks that every buffer a launch on `stream` touches is memory of `stream`'s device.
+fn same_device<T: Field>(stream: &Stream, buffers: &[&DeviceBuffer<T>]) -> Result<()> {
+    match buffers.iter().find(|b| b.device() != stream.device()) {
+        Some(b) => Err(Error::invalid(format!(
+            "a linop kernel on a stream of {} cannot touch memory of {}",
+            stream.device(),
+            b.device()
+        ))),
+        None => Ok(()),
+    }
+}
+
 fn fill(dst: &mut [i64; MAX_DIMS], src: &[usize]) {
     for (d, &s) in dst.iter_mut().zip(src) {
         *d = s as i64;
@@ -44,6 +57,7 @@ pub(crate) fn map<T: Field>(
 ) -> Result<()> {
     let n = src_view.shape.len();
     dims_ok(n)?;
+    same_device(stream, &[src, &*dst])?;
     let mut m = sys::cuferry_linop_map {
         shape: [1; MAX_DIMS],
         src_strides: [0; MAX_DIMS],
@@ -75,6 +89,7 @@ pub(crate) fn contract<T: Field>(
 ) -> Result<()> {
     let n = c.shape.len();
     dims_ok(n)?;
+    same_device(stream, &[x, w, &*out])?;
     let mut k = sys::cuferry_linop_contraction {
         shape: [1; MAX_DIMS],
         out_strides: [0; MAX_DIMS],

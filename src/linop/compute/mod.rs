@@ -3,7 +3,8 @@
 //! Rules:
 //! - Operators never touch memory themselves; they call the functions here, which pick the
 //!   backend from the input's device ([`backend`]) and queue the work on the input's compute
-//!   stream. The output lives on the input's spec.
+//!   stream. The output lives on the input's spec. Every launch checks that the spec's
+//!   streams and every buffer it touches are on the spec's device.
 //! - [`Device::Host`]: kernels in [`host`], one job on the stream per call.
 //! - [`Device::Cuda`]: one kernel launch per operation in `cuda` (csrc/linop.cu: a strided
 //!   map for copies, scaling, sums and concatenation, and a strided contraction for Dense and
@@ -51,8 +52,10 @@ fn contiguous_view(shape: &[usize]) -> View {
     View { offset: 0, shape: shape.to_vec(), strides: row_major(shape) }
 }
 
-/// A fresh zeroed row-major buffer for an output of `shape` on `spec`.
+/// A fresh zeroed row-major buffer for an output of `shape` on `spec` (whose streams must be
+/// on its device: the buffer is allocated on the compute stream's device).
 fn output<T: Field>(spec: &DeviceSpec, shape: &[usize]) -> Result<DeviceBuffer<T>> {
+    super::array::check_spec(spec)?;
     DeviceBuffer::zeroed(&spec.compute_stream, super::array::numel(shape)?)
 }
 
