@@ -188,13 +188,23 @@ fn cubed_sphere_on_cuda_through_pinned_staging() {
     }
 }
 
+/// The 4 x 6 f64 array (y, x) of the small ring and error tests.
+fn column_spec() -> HaloSpec {
+    HaloSpec::contiguous(ElementType::F64, &[4, 6], HorizontalDims::xy(1, 0)).unwrap()
+}
+
+/// A host packer of one exchange.
+fn host_packer(ex: &HaloExchange) -> HaloPacker {
+    HaloPacker::new(Device::Host, std::slice::from_ref(ex), None).unwrap()
+}
+
 /// A ring of ranks, each with one 4 x 6 array (y, x): column 4 goes east into the neighbour's
 /// column 0, column 1 goes west into the neighbour's column 5.
 fn ring_links(me: i32, size: i32, wide_from_east: bool) -> (Vec<HaloLink>, Vec<HaloLink>) {
-    let spec = HaloSpec::contiguous(ElementType::F64, &[4, 6], HorizontalDims::xy(1, 0)).unwrap();
+    let spec = column_spec();
     let east = HaloExchange::new(&spec, &[0..4, 4..5], 0, &[0..4, 0..1]).unwrap();
     let west = HaloExchange::new(&spec, &[0..4, 1..2], 0, &[0..4, 5..6]).unwrap();
-    let packer = |ex: &HaloExchange| HaloPacker::new(Device::Host, std::slice::from_ref(ex), None).unwrap();
+    let packer = host_packer;
     let (right, left) = ((me + 1) % size, (me + size - 1) % size);
     let sends = vec![HaloLink::new(right, 0, 0, packer(&east)), HaloLink::new(left, 1, 0, packer(&west))];
     // The message from the east neighbour travels west (tag 1) into column 5. A deliberately
@@ -265,10 +275,9 @@ fn a_too_long_message_is_an_error_not_an_abort() {
     let options = ExchangeOptions { timeout: Duration::MAX, ..Default::default() };
     let (mut sends, recvs) = ring_links(me, size, false);
     if me == 1 {
-        let spec = HaloSpec::contiguous(ElementType::F64, &[4, 6], HorizontalDims::xy(1, 0)).unwrap();
+        let spec = column_spec();
         let wide_west = HaloExchange::new(&spec, &[0..4, 1..3], 0, &[0..4, 4..6]).unwrap();
-        let packer = HaloPacker::new(Device::Host, &[wide_west], None).unwrap();
-        sends[1] = HaloLink::new(0, 1, 0, packer);
+        sends[1] = HaloLink::new(0, 1, 0, host_packer(&wide_west));
     }
     let mut comm = HaloCommunicator::new(&world, sends, recvs, options).unwrap();
     let stream = Stream::new(Device::Host).unwrap();
@@ -294,9 +303,9 @@ fn a_rank_that_only_sends_hears_of_a_peers_failure() {
     let universe = mpi::initialize().expect("MPI initialises once");
     let world = universe.world();
     let me = world.rank();
-    let spec = HaloSpec::contiguous(ElementType::F64, &[4, 6], HorizontalDims::xy(1, 0)).unwrap();
+    let spec = column_spec();
     let ex = HaloExchange::new(&spec, &[0..4, 4..5], 0, &[0..4, 0..1]).unwrap();
-    let packer = || HaloPacker::new(Device::Host, std::slice::from_ref(&ex), None).unwrap();
+    let packer = || host_packer(&ex);
     // Rank 0 only sends; rank 1 only receives, into a tile that is not passed: it fails.
     let (sends, recvs) = if me == 0 {
         (vec![HaloLink::new(1, 0, 0, packer())], vec![])
@@ -360,9 +369,9 @@ fn bad_links_fail_on_every_rank() {
     let universe = mpi::initialize().expect("MPI initialises once");
     let world = universe.world();
     let me = world.rank();
-    let spec = HaloSpec::contiguous(ElementType::F64, &[4, 6], HorizontalDims::xy(1, 0)).unwrap();
+    let spec = column_spec();
     let ex = HaloExchange::new(&spec, &[0..4, 4..5], 0, &[0..4, 0..1]).unwrap();
-    let packer = || HaloPacker::new(Device::Host, std::slice::from_ref(&ex), None).unwrap();
+    let packer = || host_packer(&ex);
     let opts = ExchangeOptions::default();
     // Rank 1 names a rank that does not exist.
     let bad_peer = if me == 1 { 5 } else { 1 };
@@ -390,7 +399,7 @@ fn bad_links_fail_on_every_rank() {
     // Messages to self of two sizes (MPI may deliver the longer one cut short), and a receive
     // from self that no send feeds: rejected when the links are built.
     let wide = HaloExchange::new(&spec, &[0..4, 3..5], 0, &[0..4, 0..2]).unwrap();
-    let wide_packer = || HaloPacker::new(Device::Host, std::slice::from_ref(&wide), None).unwrap();
+    let wide_packer = || host_packer(&wide);
     let r = HaloCommunicator::new(
         &world,
         vec![HaloLink::new(me, 2, 0, packer())],
