@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # Builds every test and bench executable and the CLI with CUDA compiled in, strips them, and
-# puts them with scripts/gpu-run.sh into gpu-bundle/ (git-ignored, kept under 64 MiB), ready
-# to carry to a GPU machine that has no cargo:
+# puts them with scripts/gpu-run.sh into gpu-bundle/, packed as gpu-bundle.tgz (both
+# git-ignored; the archive is what travels: the device tool carries at most 64 MiB, which the
+# unpacked folder outgrew), ready for a GPU machine that has no cargo:
 #
-#   scripts/gpu-bundle.sh                      # here
-#   gpu-bundle/run.sh [--sanitize] [--bench]   # there (the device tool: carry gpu-bundle)
+#   scripts/gpu-bundle.sh                                              # here
+#   tar xzf gpu-bundle.tgz && gpu-bundle/run.sh [--sanitize] [--bench] # there (carry gpu-bundle.tgz)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/install-cuda-toolkit.sh >/dev/null
 export CUFERRY_REQUIRE_CUDA=1
 
 bundle=gpu-bundle
-rm -rf "$bundle"
+rm -rf "$bundle" "$bundle.tgz"
 mkdir -p "$bundle/tests" "$bundle/benches" "$bundle/bin"
 
 list_executables() {
@@ -76,10 +77,13 @@ cp include/cuferry.h "$bundle/src/include/"
 cp -r tests/c tests/python "$bundle/src/tests/"
 cp scripts/gpu-run.sh "$bundle/run.sh"
 chmod +x "$bundle/run.sh"
-size=$(du -sm "$bundle" | cut -f1)
 ls -l "$bundle"/*/
-echo "gpu-bundle: ${size} MiB"
-if [ "$size" -ge 64 ]; then
-  echo "gpu-bundle is over the 64 MiB the device tool carries" >&2
+tar czf "$bundle.tgz" "$bundle"
+size=$(du -sm "$bundle" | cut -f1)
+packed=$(du -sm "$bundle.tgz" | cut -f1)
+echo "gpu-bundle: ${size} MiB, packed into $bundle.tgz: ${packed} MiB"
+# The device tool carries the tracked files too (a few MiB) within its 64 MiB.
+if [ "$packed" -ge 56 ]; then
+  echo "$bundle.tgz is too close to the 64 MiB the device tool carries" >&2
   exit 1
 fi
