@@ -8,7 +8,9 @@
 //!   one kernel launch each on CUDA, one host job each on the host backend.
 //! - Scalar quantities only, element sizes 1, 2, 4 or 8; the packed layout equals
 //!   [`HaloPacker`]'s for the same exchanges.
-//! - Every gather is tracked like the packer's work, so drops are safe while it is queued.
+//! - The gathers of one pack are tracked as one operation (one ordering record for all of
+//!   them, as the packer's one launch has), so drops are safe while they are queued and the
+//!   baseline's time is the seed's launches, not cuferry's bookkeeping per launch.
 //!
 //! [`HaloPacker`]: super::HaloPacker
 
@@ -129,44 +131,59 @@ impl SeedBaseline {
                 ));
             }
         }
+        // One ordering record for the whole pack (the seed has no such bookkeeping; one per
+        // launch made the baseline slower than the seed's own 40 launches), then the launches.
         let packed = self.packed.raw_parts();
+        let mut trackers: Vec<&UseTracker> = vec![packed.tracker];
+        let mut gathers = Vec::with_capacity(self.edges.len());
         for (edge, array) in self.edges.iter().zip(arrays) {
             let n = edge.indices.len();
             if n == 0 {
                 continue;
             }
             let (src, idx) = (array.raw_parts(), edge.indices.raw_parts());
-            let gather = Gather {
+            for t in [src.tracker, idx.tracker] {
+                if !trackers.iter().any(|known| std::ptr::eq(*known, t)) {
+                    trackers.push(t);
+                }
+            }
+            gathers.push(Gather {
                 src: src.ptr,
                 indices: idx.ptr.cast::<i32>(),
                 n,
                 dst: packed.ptr.wrapping_add(edge.offset),
                 elem_size: self.elem_size,
-            };
-            let (stream, kind) = (&self.stream, self.kind);
-            UseTracker::use_on(stream, &[src.tracker, idx.tracker, packed.tracker], || {
+            });
+        }
+        if gathers.is_empty() {
+            return Ok(());
+        }
+        let (stream, kind) = (&self.stream, self.kind);
+        UseTracker::use_on(stream, &trackers, || {
+            for gather in gathers {
                 match stream.device() {
-                    Device::Host => stream.host_fn(move || gather.run_host()),
+                    Device::Host => stream.host_fn(move || gather.run_host())?,
                     Device::Cuda(ordinal) => {
                         let element = SeedElement { size: gather.elem_size as i32, kind, negate: false };
                         // SAFETY: the indices address elements inside the array (checked length),
-                        // the slot is inside the packed buffer, and the launch is recorded on all
-                        // three trackers, which keep them alive until it has run.
+                        // the slot is inside the packed buffer, and the launches are recorded on
+                        // every tracker, which keep them alive until they have run.
                         unsafe {
                             raw::seed_pack_launch(
                                 ordinal,
                                 gather.src.cast::<c_void>(),
                                 gather.indices,
-                                n,
+                                gather.n,
                                 gather.dst.cast::<c_void>(),
                                 element,
                                 stream.cuda_raw()?,
-                            )
+                            )?
                         }
                     }
                 }
-            })?;
-        }
+            }
+            Ok(())
+        })?;
         Ok(())
     }
 
