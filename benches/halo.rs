@@ -214,7 +214,8 @@ fn host_ratios(_: &mut Criterion) {
                     (m, p1, m, p1)
                 }
             } else {
-                let (pt, mp) = if threaded { (pack(threads), parallel_memcpy()) } else { (f64::NAN, f64::NAN) };
+                let (pt, mp) =
+                    if threaded { (pack(threads), parallel_memcpy()) } else { (f64::NAN, f64::NAN) };
                 let p1 = pack(1);
                 let m = memcpy();
                 if threaded {

@@ -27,11 +27,20 @@ pub struct Row {
     pub baseline: Option<(String, f64)>,
 }
 
+/// `bytes` in the largest binary unit it reaches: whole when exact, else with one decimal
+/// (3640320 bytes is "3.5 MiB", not "3 MiB").
 fn size(bytes: usize) -> String {
+    let unit = |shift: u32, name: &str| {
+        if bytes % (1 << shift) == 0 {
+            format!("{} {name}", bytes >> shift)
+        } else {
+            format!("{:.1} {name}", bytes as f64 / f64::from(1u32 << shift))
+        }
+    };
     match bytes {
-        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
-        b if b >= 1 << 20 => format!("{} MiB", b >> 20),
-        b if b >= 1 << 10 => format!("{} KiB", b >> 10),
+        b if b >= 1 << 30 => unit(30, "GiB"),
+        b if b >= 1 << 20 => unit(20, "MiB"),
+        b if b >= 1 << 10 => unit(10, "KiB"),
         b => format!("{b} B"),
     }
 }
@@ -79,4 +88,18 @@ pub fn write_json(path: &Path, device: &str, rows: &[Row]) -> std::io::Result<()
     let text =
         serde_json::to_string_pretty(&Report { device, unix_time, rows }).map_err(std::io::Error::other)?;
     std::fs::write(path, text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::size;
+
+    #[test]
+    fn sizes_keep_their_fraction() {
+        assert_eq!(size(512), "512 B");
+        assert_eq!(size(64 << 10), "64 KiB");
+        assert_eq!(size(3_640_320), "3.5 MiB");
+        assert_eq!(size(1 << 30), "1 GiB");
+        assert_eq!(size(3 << 29), "1.5 GiB");
+    }
 }
