@@ -45,8 +45,8 @@ use super::raw::{agree, PrivateComm};
 use crate::device::{Device, DeviceSpec};
 use crate::error::{Error, Result};
 use crate::linop::{
-    check_device_matrices, check_grid_fits, check_specs, dim_role, grid_entry, place_tile, split_linop,
-    Array, BatchSpec, DimRole, Dims, Field, LinopRef, Tile,
+    check_device_matrices, check_grid_fits, check_specs, dim_role, grid_entry, numel, place_tile,
+    split_linop, Array, BatchSpec, DimRole, Dims, Field, LinopRef, Tile,
 };
 
 /// Where a tile runs: a rank of the communicator and a device of that rank.
@@ -81,9 +81,7 @@ impl RankMatrix {
     /// [`Error::InvalidArgument`] when the grid is empty or `entries.len()` is not the product
     /// of `shape` (or the product overflows).
     pub fn new(shape: &[usize], entries: Vec<RankDevice>) -> Result<Self> {
-        let n = shape.iter().try_fold(1usize, |acc, &m| acc.checked_mul(m)).ok_or_else(|| {
-            Error::invalid(format!("a rank matrix of shape {shape:?} has more than usize::MAX entries"))
-        })?;
+        let n = numel(shape)?;
         if n == 0 || n != entries.len() {
             return Err(Error::invalid(format!(
                 "a rank matrix of shape {shape:?} needs {n} > 0 entries, got {}",

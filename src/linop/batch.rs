@@ -49,7 +49,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use super::add::Add;
-use super::array::check_spec;
+use super::array::{check_spec, numel};
 use super::chain::Chain;
 use super::concat::Concat;
 use super::field::Field;
@@ -75,9 +75,7 @@ impl DeviceMatrix {
     /// of `shape` (or the product overflows), or a spec's streams are on another device than
     /// its `device`.
     pub fn new(shape: &[usize], specs: Vec<DeviceSpec>) -> Result<Self> {
-        let n = shape.iter().try_fold(1usize, |acc, &m| acc.checked_mul(m)).ok_or_else(|| {
-            Error::invalid(format!("a device matrix of shape {shape:?} has more than usize::MAX entries"))
-        })?;
+        let n = numel(shape)?;
         if n == 0 || n != specs.len() {
             return Err(Error::invalid(format!(
                 "a device matrix of shape {shape:?} needs {n} > 0 specs, got {}",

@@ -64,8 +64,9 @@ mod transfer;
 mod weight;
 
 pub use add::Add;
-pub use array::Array;
 #[cfg(feature = "mpi")]
+pub(crate) use array::numel;
+pub use array::Array;
 pub(crate) use batch::{check_device_matrices, check_grid_fits, check_specs, grid_entry, place_tile};
 pub use batch::{create_batched_linop, BatchSpec, DeviceMatrix};
 pub use chain::Chain;

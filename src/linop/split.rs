@@ -29,6 +29,7 @@
 
 use std::ops::Range;
 
+use super::array::numel;
 use super::dims::{unknown_dim, Dims};
 use super::field::Field;
 use super::identity::once_in_first_tile;
@@ -106,9 +107,7 @@ pub fn split_linop<T: Field, S: AsRef<str>>(
     // The tile count is checked, and the tile list allocated, before any range list is made:
     // each of those is no longer than the tile list.
     let shape: Vec<usize> = cuts.iter().map(|&(size, b)| size.div_ceil(b).max(1)).collect();
-    let count = shape.iter().try_fold(1usize, |acc, &n| acc.checked_mul(n)).ok_or_else(|| {
-        Error::invalid(format!("a tile grid of shape {shape:?} has more than usize::MAX tiles"))
-    })?;
+    let count = numel(&shape)?;
     let mut tiles = Vec::new();
     tiles.try_reserve_exact(count).map_err(|e| {
         Error::invalid(format!("a tile grid of shape {shape:?} ({count} tiles) does not fit in memory: {e}"))
