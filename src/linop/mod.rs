@@ -67,6 +67,7 @@ pub use add::Add;
 #[cfg(feature = "mpi")]
 pub(crate) use array::numel;
 pub use array::Array;
+#[cfg(feature = "mpi")]
 pub(crate) use batch::{check_device_matrices, check_grid_fits, check_specs, grid_entry, place_tile};
 pub use batch::{create_batched_linop, BatchSpec, DeviceMatrix};
 pub use chain::Chain;
