@@ -2,7 +2,9 @@
 //! pageable sources), D2D and peer (the same device when there is only one), with the latency
 //! of small copies. Asynchronous copies are timed with timing events on the stream; the
 //! pageable ones (synchronous by nature) by wall clock to completion. Ratios are to the largest
-//! pinned copy of the same direction in the same run.
+//! pinned copy of the same direction in the same run. The latency of small copies (64 KiB and
+//! less) is wall clock for every kind, from the call to the copy's completion seen by the host
+//! (for asynchronous copies: queue, then synchronize), so its rows compare with each other.
 
 use cuferry::{copy_range, Device, DeviceBuffer, PinnedBuffer, Result, Stream};
 
@@ -11,6 +13,8 @@ use super::report::Row;
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
+/// Copies of at most this many bytes also report their latency.
+const LATENCY_MAX_BYTES: usize = 64 * KIB;
 
 fn sizes(quick: bool) -> Vec<usize> {
     if quick {
@@ -46,25 +50,42 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
     let mut dev = DeviceBuffer::<u8>::zeroed(&stream, largest)?;
     let mut dev2 = DeviceBuffer::<u8>::zeroed(&stream, largest)?;
     let mut far = DeviceBuffer::<u8>::zeroed(&peer_stream, largest)?;
-    let mut results: Vec<(&'static str, usize, f64)> = Vec::new();
+    // (case, bytes, seconds for the bandwidth, wall seconds to completion for small copies)
+    let mut results: Vec<(&'static str, usize, f64, Option<f64>)> = Vec::new();
     for &bytes in &sizes {
         let n = repeats(bytes);
-        let s =
-            median_device_secs(&stream, n, || copy_range(&stream, &pinned, 0, &mut dev, 0, bytes).map(drop))?;
-        results.push(("H2D pinned", bytes, s));
+        let small = bytes <= LATENCY_MAX_BYTES;
+        // An asynchronous copy: event time, and for small copies also the wall time of queue +
+        // synchronize (the latency a caller sees, as the pageable rows' wall time is).
+        let timed_async =
+            |stream: &Stream, op: &mut dyn FnMut() -> Result<()>| -> Result<(f64, Option<f64>)> {
+                let device_secs = median_device_secs(stream, n, &mut *op)?;
+                let wall = if small {
+                    Some(median_secs(n, || {
+                        op()?;
+                        stream.synchronize()
+                    })?)
+                } else {
+                    None
+                };
+                Ok((device_secs, wall))
+            };
+        let (s, w) =
+            timed_async(&stream, &mut || copy_range(&stream, &pinned, 0, &mut dev, 0, bytes).map(drop))?;
+        results.push(("H2D pinned", bytes, s, w));
         let s = median_secs(n, || dev.copy_from_slice_at(&stream, 0, &pageable[..bytes]))?;
-        results.push(("H2D pageable", bytes, s));
-        let s =
-            median_device_secs(&stream, n, || copy_range(&stream, &dev, 0, &mut pinned, 0, bytes).map(drop))?;
-        results.push(("D2H pinned", bytes, s));
+        results.push(("H2D pageable", bytes, s, small.then_some(s)));
+        let (s, w) =
+            timed_async(&stream, &mut || copy_range(&stream, &dev, 0, &mut pinned, 0, bytes).map(drop))?;
+        results.push(("D2H pinned", bytes, s, w));
         let s = median_secs(n, || dev.copy_to_slice_at(&stream, 0, &mut pageable[..bytes]))?;
-        results.push(("D2H pageable", bytes, s));
-        let s =
-            median_device_secs(&stream, n, || copy_range(&stream, &dev, 0, &mut dev2, 0, bytes).map(drop))?;
-        results.push(("D2D", bytes, s));
-        let s =
-            median_device_secs(&stream, n, || copy_range(&stream, &dev, 0, &mut far, 0, bytes).map(drop))?;
-        results.push(("peer", bytes, s));
+        results.push(("D2H pageable", bytes, s, small.then_some(s)));
+        let (s, w) =
+            timed_async(&stream, &mut || copy_range(&stream, &dev, 0, &mut dev2, 0, bytes).map(drop))?;
+        results.push(("D2D", bytes, s, w));
+        let (s, w) =
+            timed_async(&stream, &mut || copy_range(&stream, &dev, 0, &mut far, 0, bytes).map(drop))?;
+        results.push(("peer", bytes, s, w));
     }
     let ceiling = |case: &str| -> Option<(String, f64)> {
         let base = if case.starts_with("H2D") {
@@ -76,10 +97,10 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
         };
         results
             .iter()
-            .find(|(c, b, _)| *c == base && *b == largest)
-            .map(|(_, b, s)| (format!("{base} {} MiB", b >> 20), gbps(*b, *s)))
+            .find(|(c, b, _, _)| *c == base && *b == largest)
+            .map(|(_, b, s, _)| (format!("{base} {} MiB", b >> 20), gbps(*b, *s)))
     };
-    for (case, bytes, secs) in &results {
+    for (case, bytes, secs, wall) in &results {
         let params = if *case == "peer" { format!("{device} -> {peer}") } else { String::new() };
         let mut row = Row {
             section: "copy",
@@ -91,9 +112,10 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
             ceiling: ceiling(case),
             baseline: None,
         };
-        if *bytes <= 64 * KIB {
+        if let Some(wall) = wall {
             let sep = if row.params.is_empty() { "" } else { ", " };
-            row.params = format!("{}{sep}latency {:.1} us", row.params, secs * 1e6);
+            row.params =
+                format!("{}{sep}latency {:.1} us (wall, call to completion)", row.params, wall * 1e6);
         }
         rows.push(row);
     }

@@ -3,7 +3,8 @@
 //! against, in the same run:
 //! - one large pinned copy (the link's ceiling; on the host backend: a host-stream copy);
 //! - a direct copy from pageable memory (what a user does without the ring);
-//! - a parallel host memcpy with as many threads as the largest fill (the fill's ceiling).
+//! - a parallel host memcpy with as many threads as the largest fill (the fill's ceiling);
+//! - for pinned sources, the same ring at depth 2 (the seed's fixed depth) as the baseline.
 //!
 //! Pageable sources are copied in three ways:
 //! - slot by slot with [`ProducerSlot::fill_from`](cuferry::ring::ProducerSlot::fill_from);
@@ -53,6 +54,9 @@ fn sweep(device: Device, quick: bool) -> Sweep {
         reference: if quick { 64 * MIB } else { 256 * MIB },
     }
 }
+
+/// The seed's fixed ring depth: the pinned rows' baseline.
+const SEED_DEPTH: usize = 2;
 
 /// Timed passes per configuration; the median is reported (ring figures move by up to 0.2x
 /// between single passes on a VM).
@@ -182,21 +186,33 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
     let source = vec![7u8; sw.reference.max(sw.sizes.iter().copied().max().unwrap_or(0))];
     let mut rows = Vec::new();
     for &slot in &sw.sizes {
+        // The seed's ring (depth 2) for this slot size, measured with the first depth when the
+        // sweep has depth 2 (it always does), else on its own.
+        let mut seed_depth: Option<f64> = None;
         for &depth in &sw.depths {
             // At least 16 slots a pass: a pass starts with one fill and ends with one upload
             // that nothing overlaps, (items + 1) / items of the steady state.
             let items = (sw.total / slot).max(2 * depth + 2).max(MIN_ITEMS);
-            let secs = stream(device, slot, depth, items, Fill::Pinned)?;
+            let rate = gbps(items * slot, stream(device, slot, depth, items, Fill::Pinned)?);
             bar.inc(1);
+            let seed = match seed_depth {
+                Some(seed) => seed,
+                None if depth == SEED_DEPTH => rate,
+                None => {
+                    let items = (sw.total / slot).max(2 * SEED_DEPTH + 2).max(MIN_ITEMS);
+                    gbps(items * slot, stream(device, slot, SEED_DEPTH, items, Fill::Pinned)?)
+                }
+            };
+            seed_depth = Some(seed);
             rows.push(Row {
                 section: "ring",
                 case: "pinned source".into(),
                 bytes: slot,
                 params: format!("depth {depth}"),
-                value: gbps(items * slot, secs),
+                value: rate,
                 unit: "GB/s",
                 ceiling: Some((link_name.into(), link)),
-                baseline: None,
+                baseline: Some((format!("depth-{SEED_DEPTH} ring (the seed's)"), seed)),
             });
             // The executor as built by default, then (largest thread count, slots of 1-16 MiB
             // where hand-offs weigh most) with workers that poll before they sleep; then the
