@@ -16,6 +16,12 @@
 //! memcpy with as many threads (the ratio table; before 2026-11-23's fourth session its
 //! threaded column was compared with one memcpy thread, which flattered it).
 //!
+//! The `halo_cpu_ratio_cold` table printed before it times single calls, each right after a
+//! flush of the CPU caches (both the pack and the memcpy start cold, as a halo exchange does
+//! after a time step's compute, and as the CUDA rows start with a flushed L2). The warm table
+//! measures a memcpy whose buffers stay in L2 while the pack reads rows spread over the
+//! arrays; the cold one measures what a time step sees.
+//!
 //! Criterion measures each line in its own steady state. The `halo_cpu_ratio` table printed
 //! first measures pack and memcpy of each case in alternating batches (the order flips every
 //! round, each batch after one untimed call), and reports the median batch time of each and
@@ -254,6 +260,148 @@ fn host_ratios(_: &mut Criterion) {
     }
 }
 
+/// Fewest bytes a [`CacheFlush`] reads: eight times the 32 MiB L3 of the development VM.
+const MIN_FLUSH_BYTES: usize = 256 << 20;
+
+/// The largest CPU cache sysfs reports for cpu0 (0 when it reports none).
+fn largest_cache_bytes() -> usize {
+    let Ok(dirs) = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache") else { return 0 };
+    dirs.filter_map(|d| std::fs::read_to_string(d.ok()?.path().join("size")).ok())
+        .filter_map(|s| {
+            let s = s.trim();
+            let (digits, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+            let n: usize = digits.parse().ok()?;
+            Some(match unit {
+                "K" => n << 10,
+                "M" => n << 20,
+                _ => n,
+            })
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Evicts the CPU caches by reading a buffer of [`MIN_FLUSH_BYTES`] or three times the largest
+/// cache (the GPU machine's host has a 300 MiB L3), whichever is more: the host counterpart of
+/// the CUDA bench's L2 flush. A halo exchange runs once per time step, after the model's
+/// compute has swept the caches, so neither its arrays nor a memcpy's buffers are cached when
+/// it starts.
+struct CacheFlush {
+    lines: Vec<u64>,
+}
+
+impl CacheFlush {
+    fn new() -> CacheFlush {
+        let bytes = MIN_FLUSH_BYTES.max(3 * largest_cache_bytes());
+        // Written once, so every page is backed (a never-written page reads the zero page).
+        CacheFlush { lines: (0..bytes as u64 / 8).collect() }
+    }
+
+    /// Reads one word of every 64-byte line.
+    fn flush(&self) {
+        let mut sum = 0u64;
+        for chunk in self.lines.chunks_exact(8) {
+            sum = sum.wrapping_add(chunk[0]);
+        }
+        std::hint::black_box(sum);
+    }
+}
+
+/// Seconds of one call of `f` right after a cache flush (outside the timed interval).
+fn cold(flush: &CacheFlush, mut f: impl FnMut()) -> f64 {
+    flush.flush();
+    let t0 = Instant::now();
+    f();
+    t0.elapsed().as_secs_f64()
+}
+
+/// The cold-cache ratio table: as [`host_ratios`], but every timed call (pack + synchronize,
+/// memcpy) starts after a [`CacheFlush`], one call per sample, in alternating order.
+fn host_ratios_cold(_: &mut Criterion) {
+    const SAMPLES: usize = 41;
+    let flusher = CacheFlush::new();
+    println!(
+        "halo_cpu_ratio_cold: one call after a {} MiB cache flush, median of {SAMPLES} samples",
+        (flusher.lines.len() * 8) >> 20
+    );
+    println!("(both sides cold, as after a time step's compute; pack 1 thr against one memcpy,");
+    println!(" pack thr against a memcpy with as many threads)");
+    println!(
+        "{:<30} {:>10} {:>8} {:>12} {:>9} {:>6}  {:>10} {:>9} {:>6}",
+        "case", "bytes", "memcpy", "pack 1 thr", "", "", "memcpy thr", "pack thr", ""
+    );
+    for c in cases() {
+        let mut packer = HaloPacker::new(Device::Host, &c.exchanges, None).expect("packer");
+        let stream = packer.stream().clone();
+        let arrays = arrays_of(&stream, &c);
+        let list = per_exchange(&c, &arrays);
+        let bytes = packer.buffer_bytes();
+        let threads = packer.host_threads();
+        let threaded = bytes > 512 << 10 && threads > 1;
+        let pool = PackExecutor::new(if threaded { threads } else { 1 }).expect("pack executor");
+        let (src, mut dst) = (vec![1u8; bytes], vec![0u8; bytes]);
+        let (mut tm, mut t1, mut tp, mut tt, mut r1, mut rt) =
+            (vec![], vec![], vec![], vec![], vec![], vec![]);
+        for sample in 0..SAMPLES {
+            let mut memcpy = || {
+                cold(&flusher, || {
+                    dst.copy_from_slice(std::hint::black_box(&src));
+                    std::hint::black_box(&mut dst);
+                })
+            };
+            let m = memcpy();
+            let mut pack = |n: usize| {
+                packer.set_host_threads(n);
+                cold(&flusher, || {
+                    packer.pack(&list, None).expect("pack");
+                    packer.synchronize().expect("sync");
+                })
+            };
+            let p1 = pack(1);
+            let (mp, pt) = if !threaded {
+                (m, p1)
+            } else if sample % 2 == 0 {
+                let mp = cold(&flusher, || {
+                    pool.copy(std::hint::black_box(&src), &mut dst).expect("copy");
+                });
+                (mp, pack(threads))
+            } else {
+                let pt = pack(threads);
+                let mp = cold(&flusher, || {
+                    pool.copy(std::hint::black_box(&src), &mut dst).expect("copy");
+                });
+                (mp, pt)
+            };
+            tm.push(m);
+            t1.push(p1);
+            tp.push(mp);
+            tt.push(pt);
+            r1.push(m / p1);
+            rt.push(mp / pt);
+        }
+        let gbs = |t: f64| bytes as f64 / t / 1e9;
+        let (m, p1, mp, pt) = (median(&mut tm), median(&mut t1), median(&mut tp), median(&mut tt));
+        let (q1, qt) = (median(&mut r1), median(&mut rt));
+        let verdict = |q: f64| match (long_rows(&c), q >= 0.7) {
+            (false, _) => "",
+            (true, true) => "ok",
+            (true, false) => "MISS",
+        };
+        let thr = if threaded {
+            format!("{:>5.1} GB/s {:>6.1} GB/s {qt:>5.2}x {}", gbs(mp), gbs(pt), verdict(qt))
+        } else {
+            String::new()
+        };
+        println!(
+            "{:<30} {bytes:>10} {:>5.1} GB/s {:>7.1} GB/s {q1:>5.2}x {:<4}  {thr}",
+            c.name,
+            gbs(m),
+            gbs(p1),
+            verdict(q1)
+        );
+    }
+}
+
 fn host_pack(cr: &mut Criterion) {
     let mut group = cr.benchmark_group("halo_cpu");
     group.sample_size(20).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
@@ -361,5 +509,5 @@ fn cuda_pack(cr: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, host_ratios, host_pack, cuda_pack);
+criterion_group!(benches, host_ratios_cold, host_ratios, host_pack, cuda_pack);
 criterion_main!(benches);

@@ -4,7 +4,7 @@
 # a failure, not a skip.
 #
 #   run.sh                 all tests (and the MPI tests under mpirun when the bundle has them),
-#                          then `cuferry info`
+#                          the halo pack's kernel launches counted by ncu, then `cuferry info`
 #   run.sh --sanitize      also compute-sanitizer memcheck, racecheck and synccheck over each test
 #   run.sh --bench         also `cuferry bench` (table in the log, bench.json and bench.svg beside
 #                          the logs)
@@ -65,7 +65,7 @@ run() {
     *) status="FAIL (exit $code)"; failed=1 ;;
   esac
   local detail
-  detail=$(grep -E '^test result:|ERROR SUMMARY|^backend:' "$log" | tail -n 1)
+  detail=$(grep -E '^test result:|ERROR SUMMARY|^backend:|^launches counted' "$log" | tail -n 1)
   rows+=("$(printf '%-40s %-14s %4ss  %s' "$label" "$status" "$((SECONDS - start))" "$detail")")
   echo "${rows[-1]}" >&2
 }
@@ -89,6 +89,44 @@ if [ "$tests" = 1 ]; then
     run "mpi:$(basename "$t")" env CUFERRY_REQUIRE_MPI=1 "$t"
   done
 fi
+# The launches of one pack, counted by Nsight Compute rather than taken from the packer: the
+# halo test `ten_arrays_of_edges_pack_in_one_launch` packs the benchmark's 10-array edges once
+# with the packer and once with the seed strategy, so ncu must see exactly 1 halo_kernel and
+# 40 seed_gather_kernel launches. Clocks are left alone (--clock-control none, METHOD.md).
+count_launches() {
+  local exe=$1 text code
+  text=$(ncu --clock-control none --csv --metrics launch__grid_size "$exe" \
+    ten_arrays_of_edges_pack_in_one_launch --exact 2>&1)
+  code=$?
+  printf '%s\n' "$text"
+  [ "$code" = 0 ] || return "$code"
+  python3 -c '
+import csv, sys
+ids = {}
+header = None
+for row in csv.reader(l for l in sys.stdin if l.startswith("\"")):
+    if "Kernel Name" in row:
+        header = row
+        continue
+    if header and len(row) == len(header):
+        r = dict(zip(header, row))
+        ids.setdefault(r["Kernel Name"], set()).add(r["ID"])
+def count(part):
+    return sum(len(v) for k, v in ids.items() if part in k)
+halo, seed = count("halo_kernel"), count("seed_gather_kernel")
+print(f"launches counted by ncu: halo_kernel {halo} (expected 1), seed_gather_kernel {seed} (expected 40)")
+sys.exit(0 if (halo, seed) == (1, 40) else 1)
+' <<<"$text"
+}
+export -f count_launches
+if [ "$tests" = 1 ] && [ -x "$here/tests/halo" ] && selected "$here/tests/halo"; then
+  if command -v ncu >/dev/null 2>&1; then
+    run "ncu:halo_launches" bash -c 'count_launches "$1"' _ "$here/tests/halo"
+  else
+    rows+=("$(printf '%-40s %-14s' "ncu:halo_launches" "SKIP (no ncu)")")
+  fi
+fi
+
 # One sanitizer over one test binary. API errors are not reported: the tests provoke them on
 # purpose (bad arguments, refused advice) and check the typed errors. A test binary that never
 # calls CUDA ("terminated before first instrumented API call") passes when its tests passed.

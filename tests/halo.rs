@@ -605,6 +605,76 @@ fn seed_baseline_packs_the_same_bytes() {
     }
 }
 
+/// The benchmark's cubed-sphere case (10 arrays of 48 x 48 x 79 f64 with a halo of 3, all four
+/// edges) packed once by the packer and once by the seed strategy, on every device, against a
+/// scalar loop over the edges. On CUDA the GPU bundle runs this test under Nsight Compute and
+/// counts the kernels it launched (scripts/gpu-run.sh, `ncu:halo_launches`): one `halo_kernel`
+/// for the pack, 40 `seed_gather_kernel`s for the seed. Keep the test to one pack and one seed
+/// pack, or update that count.
+#[test]
+fn ten_arrays_of_edges_pack_in_one_launch() {
+    const N: usize = 48;
+    const H: usize = 3;
+    const Z: usize = 79;
+    const W: usize = N + 2 * H;
+    let layout = Layout { shape: vec![Z, W, W], strides: vec![W * W, W, 1], x: Some(2), y: Some(1) };
+    let spec = layout.spec::<f64>();
+    // (y range, x range) packed per edge, each into the opposite halo: west, east, south, north.
+    let edges = [(H..H + N, H..2 * H), (H..H + N, N..N + H), (H..2 * H, H..H + N), (N..N + H, H..H + N)];
+    let halo_of = |r: &Range<usize>| {
+        if r.start == H && r.len() == H {
+            N + H..W
+        } else if r.len() == H {
+            0..H
+        } else {
+            r.clone()
+        }
+    };
+    let mut rng = Rng::new(40);
+    let arrays: Vec<Vec<f64>> =
+        (0..10).map(|_| (0..Z * W * W).map(|_| f64::random(&mut rng)).collect()).collect();
+    let mut exchanges = Vec::new();
+    let mut expected: Vec<f64> = Vec::new();
+    for a in &arrays {
+        for (ys, xs) in &edges {
+            exchanges.push(
+                HaloExchange::new(
+                    &spec,
+                    &[0..Z, ys.clone(), xs.clone()],
+                    0,
+                    &[0..Z, halo_of(ys), halo_of(xs)],
+                )
+                .unwrap(),
+            );
+            for z in 0..Z {
+                for y in ys.clone() {
+                    for x in xs.clone() {
+                        expected.push(a[(z * W + y) * W + x]);
+                    }
+                }
+            }
+        }
+    }
+    let mut devices = vec![Device::Host];
+    devices.extend(common::cuda_device());
+    for device in devices {
+        let stream = Stream::new(device).unwrap();
+        let bufs: Vec<DeviceBuffer<f64>> =
+            arrays.iter().map(|a| DeviceBuffer::from_slice(&stream, a).unwrap()).collect();
+        let list: Vec<&DeviceBuffer<f64>> = (0..exchanges.len()).map(|i| &bufs[i / edges.len()]).collect();
+        let mut packer = HaloPacker::with_stream(&stream, &exchanges, None).unwrap();
+        assert_eq!(packer.launches_per_call(), 1);
+        packer.pack(&list, None).unwrap();
+        let packed = packer.pack_buffer().unwrap().to_vec(&stream).unwrap();
+        assert_eq!(from_bytes::<f64>(&packed), expected, "packer on {device}");
+        let mut seed = SeedBaseline::new(&stream, &exchanges).unwrap();
+        seed.pack(&list).unwrap();
+        assert_eq!(seed.launches_per_pack(), 40);
+        let seed_packed = seed.packed().unwrap().to_vec(&stream).unwrap();
+        assert_eq!(from_bytes::<f64>(&seed_packed), expected, "seed strategy on {device}");
+    }
+}
+
 // ---- errors ----------------------------------------------------------------------------------
 
 fn assert_invalid<T: std::fmt::Debug>(r: Result<T, Error>, what: &str) {
