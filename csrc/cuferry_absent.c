@@ -148,6 +148,12 @@ cuferry_status cuferry_cuda_halo_launch(int32_t device, const cuferry_halo_desc 
   (void)device; (void)table; (void)n_desc; (void)total_units; (void)packed; (void)direction;
   (void)stream; NB;
 }
+cuferry_status cuferry_cuda_halo_launch_inline(int32_t device, const cuferry_halo_desc *table,
+                                               int32_t n_desc, int64_t total_units, void *packed,
+                                               int32_t direction, cuferry_stream stream) {
+  (void)device; (void)table; (void)n_desc; (void)total_units; (void)packed; (void)direction;
+  (void)stream; NB;
+}
 cuferry_status cuferry_cuda_halo_emulate(const cuferry_halo_desc *table, int32_t n_desc,
                                          int64_t total_units, void *packed, int32_t direction,
                                          int32_t in_flight, int32_t max_blocks) {

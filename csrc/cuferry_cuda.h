@@ -401,6 +401,20 @@ cuferry_status cuferry_cuda_halo_launch(int32_t device, const cuferry_halo_desc 
                                    int64_t total_units, void *packed, int32_t direction,
                                    cuferry_stream stream);
 
+/** Most descriptors cuferry_cuda_halo_launch_inline takes: 64 x 408 bytes travel in the
+ *  launch's parameters (CUDA 12.1+ gives kernels up to 32 764 bytes of them on Volta and
+ *  later). */
+#define CUFERRY_HALO_INLINE_MAX_DESC 64
+
+/** As cuferry_cuda_halo_launch, but `table` is host memory (n_desc <=
+ *  CUFERRY_HALO_INLINE_MAX_DESC entries) copied into the launch's parameters: the kernel reads
+ *  the descriptors from the parameter (constant) bank, so no block waits on device-memory
+ *  loads of the table before its first data load. `table` may be reused once the call
+ *  returns. n_desc above the maximum is cudaErrorInvalidValue, before anything is queued. */
+cuferry_status cuferry_cuda_halo_launch_inline(int32_t device, const cuferry_halo_desc *table,
+                                               int32_t n_desc, int64_t total_units, void *packed,
+                                               int32_t direction, cuferry_stream stream);
+
 /** Runs the kernel's per-thread program for every block and thread of a launch of at most
  *  `max_blocks` (>= 1) blocks, one after the other, on the calling CPU thread: the same code
  *  as the launch, over host memory (table, arrays and `packed` are host addresses), with

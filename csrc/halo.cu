@@ -28,8 +28,14 @@
 //  - The per-thread program is __host__ __device__: cuferry_cuda_halo_emulate runs it on the
 //    CPU over host memory (cp.async becomes a plain copy), for any grid size, so its
 //    arithmetic is tested without a GPU.
+//  - The table is read from device memory (cuferry_cuda_halo_launch) or, for up to
+//    CUFERRY_HALO_INLINE_MAX_DESC descriptors, from the launch's parameters
+//    (cuferry_cuda_halo_launch_inline: the same per-thread program over a __grid_constant__
+//    copy, which spares each block the dependent device-memory loads of the table's starts
+//    and fields before its first data load).
 //  - Every launch is followed by cudaGetLastError, returned as the status.
 #include <atomic>
+#include <cstring>
 
 #include "common.cuh"
 
@@ -440,6 +446,44 @@ __global__ void __launch_bounds__(kThreads)
                                  threadIdx.x, stage);
 }
 
+// The descriptors of a launch passed by value (cuferry_cuda_halo_launch_inline), CAP at most.
+template <int CAP>
+struct InlineTable {
+  cuferry_halo_desc desc[CAP];
+};
+
+// halo_kernel with its table in the launch's parameters. __grid_constant__ keeps the table in
+// the parameter bank: the per-thread program reads it through a pointer, which without the
+// qualifier would copy every byte of it into each thread's local memory first.
+template <int CAP>
+__global__ void __launch_bounds__(kThreads)
+    halo_kernel_inline(const __grid_constant__ InlineTable<CAP> table, int n_desc,
+                       long long total_units, long long chunk, unsigned char *packed,
+                       int direction) {
+  __shared__ __align__(16) unsigned char stage[kThreads * kStageBytes];
+  halo_thread<kRegisterInFlight>(table.desc, n_desc, total_units, chunk, packed, direction,
+                                 blockIdx.x, threadIdx.x, stage);
+}
+
+// Tables of up to 8 descriptors fit the classic 4 KB of parameters; larger ones take the
+// 32 KB space of CUDA 12.1+.
+constexpr int kInlineSmall = 8;
+static_assert(sizeof(InlineTable<kInlineSmall>) + 64 <= 4096, "the small table fits 4 KB");
+static_assert(sizeof(InlineTable<CUFERRY_HALO_INLINE_MAX_DESC>) + 64 <= 32764,
+              "the largest inline table fits the 32 764 bytes of kernel parameters");
+
+// Queues halo_kernel_inline<CAP> over a copy of `table` (n_desc <= CAP): the caller's table
+// is free once this returns.
+template <int CAP>
+void launch_inline(const cuferry_halo_desc *table, int n_desc, long long total_units,
+                   long long chunk, unsigned char *packed, int direction, unsigned grid,
+                   cudaStream_t stream) {
+  InlineTable<CAP> t{};
+  std::memcpy(t.desc, table, sizeof(cuferry_halo_desc) * static_cast<size_t>(n_desc));
+  halo_kernel_inline<CAP><<<grid, kThreads, 0, stream>>>(t, n_desc, total_units, chunk, packed,
+                                                          direction);
+}
+
 template <typename T>
 __device__ __forceinline__ T seed_negate(T v, int kind, bool negate) {
   if (!negate) {
@@ -575,6 +619,46 @@ cuferry_status cuferry_cuda_halo_launch(int32_t device, const cuferry_halo_desc 
   halo_kernel<<<grid, kThreads, 0, cf_stream(stream)>>>(table, n_desc, total_units, chunk,
                                                         static_cast<unsigned char *>(packed),
                                                         direction);
+  return cf_check(cudaGetLastError());
+}
+
+cuferry_status cuferry_cuda_halo_launch_inline(int32_t device, const cuferry_halo_desc *table,
+                                               int32_t n_desc, int64_t total_units, void *packed,
+                                               int32_t direction, cuferry_stream stream) {
+  CF_REQUIRE(stream);
+  if (n_desc > CUFERRY_HALO_INLINE_MAX_DESC) {
+    return static_cast<cuferry_status>(cudaErrorInvalidValue);
+  }
+  unsigned grid = 0;
+  long long chunk = 0;
+  // The checks first, with any grid: nothing touches the device for bad arguments.
+  cuferry_status st = launch_grid(table, n_desc, total_units, packed, direction, 1, &grid, &chunk);
+  if (st != CUFERRY_STATUS_SUCCESS || grid == 0) {
+    return st;
+  }
+  CF_TRY(cudaSetDevice(device));
+  long long resident = 0;
+  st = resident_blocks(device, &resident);
+  if (st != CUFERRY_STATUS_SUCCESS) {
+    return st;
+  }
+  st = launch_grid(table, n_desc, total_units, packed, direction, resident, &grid, &chunk);
+  if (st != CUFERRY_STATUS_SUCCESS) {
+    return st;
+  }
+  unsigned char *const bytes = static_cast<unsigned char *>(packed);
+  cudaStream_t s = cf_stream(stream);
+  // The smallest capacity that holds the table: the launch copies every byte of it.
+  if (n_desc <= kInlineSmall) {
+    launch_inline<kInlineSmall>(table, n_desc, total_units, chunk, bytes, direction, grid, s);
+  } else if (n_desc <= 16) {
+    launch_inline<16>(table, n_desc, total_units, chunk, bytes, direction, grid, s);
+  } else if (n_desc <= 32) {
+    launch_inline<32>(table, n_desc, total_units, chunk, bytes, direction, grid, s);
+  } else {
+    launch_inline<CUFERRY_HALO_INLINE_MAX_DESC>(table, n_desc, total_units, chunk, bytes,
+                                                direction, grid, s);
+  }
   return cf_check(cudaGetLastError());
 }
 

@@ -18,7 +18,10 @@ use std::time::Duration;
 
 use common::Rng;
 use cuferry::halo::baseline::SeedBaseline;
-use cuferry::halo::{Component, ElementType, HaloExchange, HaloPacker, HaloSpec, HorizontalDims};
+use cuferry::halo::{
+    Component, DescriptorPlacement, ElementType, HaloExchange, HaloPacker, HaloSpec, HorizontalDims,
+    MAX_INLINE_DESCRIPTORS,
+};
 use cuferry::{Device, DeviceBuffer, Element, Error, Stream};
 
 // ---- the reference ---------------------------------------------------------------------------
@@ -359,8 +362,14 @@ struct Outcome<T> {
     dst_y: Vec<Vec<T>>,
 }
 
-/// Packs and unpacks `qs` with the crate on `device`.
-fn run_crate<T: Val>(device: Device, qs: &[Quantity<T>], vector: bool) -> Outcome<T> {
+/// Packs and unpacks `qs` with the crate on `device`, the CUDA kernel reading its descriptors
+/// from `placement`.
+fn run_crate<T: Val>(
+    device: Device,
+    qs: &[Quantity<T>],
+    vector: bool,
+    placement: DescriptorPlacement,
+) -> Outcome<T> {
     let ex_x: Vec<HaloExchange> = qs
         .iter()
         .map(|q| HaloExchange::new(&q.layout_x.spec::<T>(), &q.pack, q.k, &q.unpack).unwrap())
@@ -370,6 +379,7 @@ fn run_crate<T: Val>(device: Device, qs: &[Quantity<T>], vector: bool) -> Outcom
         .map(|q| HaloExchange::new(&q.layout_y.spec::<T>(), &q.pack, q.k, &q.unpack).unwrap())
         .collect();
     let mut packer = HaloPacker::new(device, &ex_x, vector.then_some(&ex_y[..])).unwrap();
+    packer.set_descriptor_placement(placement).unwrap();
     assert_eq!(packer.launches_per_call(), usize::from(packer.buffer_bytes() > 0));
     let stream = packer.stream().clone();
     let up = |v: &Vec<T>| DeviceBuffer::from_slice(&stream, v).unwrap();
@@ -396,7 +406,7 @@ fn run_crate<T: Val>(device: Device, qs: &[Quantity<T>], vector: bool) -> Outcom
 /// host) when a device is present.
 fn check_case<T: Val>(qs: &[Quantity<T>], vector: bool) {
     let (packed, ref_x, ref_y) = reference(qs, vector);
-    let host = run_crate(Device::Host, qs, vector);
+    let host = run_crate(Device::Host, qs, vector, DescriptorPlacement::DeviceMemory);
     assert_eq!(
         host.packed,
         bytemuck::cast_slice::<T, u8>(&packed),
@@ -405,8 +415,10 @@ fn check_case<T: Val>(qs: &[Quantity<T>], vector: bool) {
     assert_eq!(host.dst_x, ref_x, "unpacked x arrays differ from the reference");
     assert_eq!(host.dst_y, ref_y, "unpacked y arrays differ from the reference");
     if Device::cuda_count() > 0 {
-        let cuda = run_crate(Device::Cuda(0), qs, vector);
-        assert_eq!(cuda, host, "CUDA and host results differ");
+        for placement in [DescriptorPlacement::DeviceMemory, DescriptorPlacement::LaunchParameters] {
+            let cuda = run_crate(Device::Cuda(0), qs, vector, placement);
+            assert_eq!(cuda, host, "CUDA ({placement:?}) and host results differ");
+        }
     }
 }
 
@@ -673,6 +685,34 @@ fn ten_arrays_of_edges_pack_in_one_launch() {
         let seed_packed = seed.packed().unwrap().to_vec(&stream).unwrap();
         assert_eq!(from_bytes::<f64>(&seed_packed), expected, "seed strategy on {device}");
     }
+}
+
+/// Descriptors in the launch's parameters: a packer switched back and forth between the two
+/// placements packs the same bytes each time (the device table is uploaded when first needed),
+/// and more regions than the parameters hold are refused, leaving the placement as it was.
+#[test]
+fn descriptor_placements_switch_and_the_parameter_limit_is_checked() {
+    let Some(device) = common::cuda_device() else { return };
+    let q = one_quantity(41, [4, 9, 9]);
+    let (packed, _, _) = reference(std::slice::from_ref(&q), false);
+    let stream = Stream::new(device).unwrap();
+    let mut packer = HaloPacker::with_stream(&stream, &[exchange_of(&q)], None).unwrap();
+    let a = DeviceBuffer::from_slice(&stream, &q.src_x).unwrap();
+    for placement in [
+        DescriptorPlacement::LaunchParameters,
+        DescriptorPlacement::DeviceMemory,
+        DescriptorPlacement::LaunchParameters,
+    ] {
+        packer.set_descriptor_placement(placement).unwrap();
+        assert_eq!(packer.descriptor_placement(), placement);
+        packer.pack(&[&a], None).unwrap();
+        let got = packer.pack_buffer().unwrap().to_vec(&stream).unwrap();
+        assert_eq!(got, bytemuck::cast_slice::<f64, u8>(&packed), "{placement:?}");
+    }
+    let many: Vec<HaloExchange> = (0..=MAX_INLINE_DESCRIPTORS).map(|_| exchange_of(&q)).collect();
+    let mut big = HaloPacker::with_stream(&stream, &many, None).unwrap();
+    assert_invalid(big.set_descriptor_placement(DescriptorPlacement::LaunchParameters), "too many regions");
+    assert_eq!(big.descriptor_placement(), DescriptorPlacement::DeviceMemory);
 }
 
 // ---- errors ----------------------------------------------------------------------------------

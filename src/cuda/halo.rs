@@ -59,6 +59,44 @@ pub(crate) unsafe fn launch(
     })
 }
 
+/// `cuferry_cuda_halo_launch_inline`: as [`launch`], with the descriptors taken from host
+/// memory and passed in the launch's parameters (at most [`INLINE_MAX_DESC`]); `table` is free
+/// again when this returns.
+///
+/// # Safety
+///
+/// 1. `table` is laid out as the header's rules say (unit numbering without gaps,
+///    `total_units` in all) and names device memory of `device`.
+/// 2. As precondition 2 of [`launch`].
+pub(crate) unsafe fn launch_inline(
+    device: u32,
+    table: &[sys::cuferry_halo_desc],
+    total_units: u64,
+    packed: *mut c_void,
+    direction: HaloDirection,
+    stream: RawStream,
+) -> Result<()> {
+    let dev = ordinal(device)?;
+    if table.len() > INLINE_MAX_DESC {
+        return Err(Error::invalid(format!(
+            "{} halo descriptors do not fit the launch's parameters (at most {INLINE_MAX_DESC})",
+            table.len()
+        )));
+    }
+    let n = table.len() as i32; // at most INLINE_MAX_DESC
+    let units = i64::try_from(total_units)
+        .map_err(|_| Error::invalid(format!("{total_units} halo units are too many")))?;
+    let dir = direction.code();
+    // SAFETY: preconditions 1 and 2; `table` holds `n` descriptors for the call's duration;
+    // the stream handle is live.
+    check("cuferry_cuda_halo_launch_inline", unsafe {
+        sys::cuferry_cuda_halo_launch_inline(dev, table.as_ptr(), n, units, packed, dir, stream.0)
+    })
+}
+
+/// Most descriptors [`launch_inline`] takes.
+pub(crate) const INLINE_MAX_DESC: usize = sys::CUFERRY_HALO_INLINE_MAX_DESC as usize;
+
 /// What the seed-strategy gather moves: element size, kind and negation.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct SeedElement {

@@ -2,10 +2,13 @@
 //! one kernel launch (csrc/halo.cu).
 //!
 //! Rules:
-//! - The table holds absolute array addresses, so it is built and uploaded when a packer first
-//!   runs and again only when the arrays' addresses change (a time step passing the same arrays
-//!   uploads nothing). The upload is a tracked copy, so it waits for launches still reading the
-//!   old table.
+//! - The table holds absolute array addresses, so it is built (and, read from device memory,
+//!   uploaded) when a packer first runs and again only when the arrays' addresses change (a
+//!   time step passing the same arrays uploads nothing). The upload is a tracked copy, so it
+//!   waits for launches still reading the old table.
+//! - [`DescriptorPlacement`] says where the kernel reads the table: device memory (the
+//!   default) or, up to [`MAX_INLINE_DESCRIPTORS`], the launch's parameters (copied by each
+//!   launch; no upload, and no dependent device-memory loads before a block's first data).
 //! - Access units: rows contiguous on both sides move in units of up to 16 bytes when the row
 //!   length, every outer stride and both start addresses allow it; everything else element by
 //!   element (atoms of 1 to 8 bytes).
@@ -39,14 +42,42 @@ const _: () = assert!(
 /// Widest access unit in bytes.
 const MAX_UNIT_BYTES: usize = 16;
 
-/// A packer's descriptor table for one direction.
+/// Where the CUDA kernel of a [`HaloPacker`](super::HaloPacker) reads its descriptors (one
+/// per array region: address, region, strides, rotation, sign) from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum DescriptorPlacement {
+    /// A table in device memory, uploaded at the first call and again only when the arrays'
+    /// addresses change; every block loads its descriptors from it before its first data load.
+    #[default]
+    DeviceMemory,
+    /// The launch's parameters (at most [`MAX_INLINE_DESCRIPTORS`] descriptors per direction;
+    /// CUDA 12.1 or later on Volta or later): nothing is uploaded, and the kernel reads them
+    /// from the parameter bank, which the launch fills.
+    LaunchParameters,
+}
+
+/// Most descriptors (array regions) per direction that
+/// [`DescriptorPlacement::LaunchParameters`] takes.
+pub const MAX_INLINE_DESCRIPTORS: usize = raw::INLINE_MAX_DESC;
+
+/// The descriptors built for one set of addresses.
+#[derive(Debug)]
+struct Built {
+    /// The array addresses and packed address they were built for.
+    key: (Vec<usize>, usize),
+    table: Vec<sys::cuferry_halo_desc>,
+    total_units: u64,
+}
+
+/// A packer's descriptor table for one direction: built on the host for the addresses of the
+/// last call, and copied to device memory when the kernel reads it from there.
 #[derive(Debug)]
 pub(crate) struct DeviceTable {
     buf: DeviceBuffer<u8>,
-    /// The array addresses and packed address the uploaded table was built for.
-    bound: Option<(Vec<usize>, usize)>,
     n_desc: usize,
-    total_units: u64,
+    built: Option<Built>,
+    /// The key of the table in `buf` (None: nothing valid uploaded).
+    uploaded: Option<(Vec<usize>, usize)>,
 }
 
 impl DeviceTable {
@@ -54,72 +85,100 @@ impl DeviceTable {
     pub(crate) fn new(stream: &Stream, n_desc: usize) -> Result<Self> {
         let bytes =
             n_desc.checked_mul(DESC_BYTES).ok_or_else(|| Error::invalid("too many halo descriptors"))?;
-        Ok(DeviceTable { buf: DeviceBuffer::zeroed(stream, bytes)?, bound: None, n_desc, total_units: 0 })
+        Ok(DeviceTable { buf: DeviceBuffer::zeroed(stream, bytes)?, n_desc, built: None, uploaded: None })
     }
 
-    /// Makes the uploaded table describe `arrays` (one base address per transfer) and `packed`;
-    /// uploads (and waits for the upload) only when they changed.
+    /// Makes the table describe `arrays` (one base address per transfer) and `packed`: builds
+    /// it when they changed and, for [`DescriptorPlacement::DeviceMemory`], uploads it when the
+    /// uploaded one is for other addresses (a tracked copy, ordered after launches still
+    /// reading the old table).
     pub(crate) fn bind(
         &mut self,
         stream: &Stream,
         transfers: &[Transfer],
         arrays: &[*mut u8],
         packed: *mut u8,
+        placement: DescriptorPlacement,
     ) -> Result<()> {
         let key: (Vec<usize>, usize) = (arrays.iter().map(|p| *p as usize).collect(), packed as usize);
-        if self.bound.as_ref() == Some(&key) {
-            return Ok(());
+        if self.built.as_ref().map(|b| &b.key) != Some(&key) {
+            self.built = None;
+            let (table, total_units) = build(transfers, arrays, packed)?;
+            if table.len() != self.n_desc {
+                return Err(Error::invalid("the halo descriptor table changed size"));
+            }
+            self.built = Some(Built { key: key.clone(), table, total_units });
         }
-        let (table, total_units) = build(transfers, arrays, packed)?;
-        if table.len() != self.n_desc {
-            return Err(Error::invalid("the halo descriptor table changed size"));
+        if placement == DescriptorPlacement::DeviceMemory && self.uploaded.as_ref() != Some(&key) {
+            let Some(built) = &self.built else {
+                return Err(Error::invalid("internal: no halo table built"));
+            };
+            // SAFETY: `cuferry_halo_desc` is repr(C) with integer fields only and no padding
+            // (the const assertion above), so every byte of the vector is initialised.
+            let bytes = unsafe {
+                std::slice::from_raw_parts(built.table.as_ptr().cast::<u8>(), built.table.len() * DESC_BYTES)
+            };
+            self.uploaded = None;
+            self.buf.copy_from_slice(stream, bytes)?;
+            self.uploaded = Some(key);
         }
-        // SAFETY: `cuferry_halo_desc` is repr(C) with integer fields only and no padding (the
-        // const assertion above), so every byte of the vector is initialised.
-        let bytes =
-            unsafe { std::slice::from_raw_parts(table.as_ptr().cast::<u8>(), table.len() * DESC_BYTES) };
-        self.bound = None;
-        self.buf.copy_from_slice(stream, bytes)?;
-        self.bound = Some(key);
-        self.total_units = total_units;
         Ok(())
     }
 
-    /// The table's buffer (its tracker must record every launch that reads it).
+    /// The table's device buffer (its tracker must record every launch that reads it).
     pub(crate) fn buffer(&self) -> &DeviceBuffer<u8> {
         &self.buf
     }
 
-    /// Queues the one launch over the bound table.
+    /// Queues the one launch over the bound table, read from where `placement` says.
     ///
     /// # Safety
     ///
-    /// 1. [`DeviceTable::bind`] was last called with the arrays and packed buffer used now, and
-    ///    they, with the table, **stay alive and unraced until the stream has run the kernel**
-    ///    (the caller records the launch on all their trackers).
+    /// 1. [`DeviceTable::bind`] was last called with the arrays, packed buffer and placement
+    ///    used now, and they, with the table, **stay alive and unraced until the stream has
+    ///    run the kernel** (the caller records the launch on all their trackers).
     pub(crate) unsafe fn launch(
         &self,
         stream: &Stream,
         ordinal: u32,
         packed: *mut u8,
         direction: HaloDirection,
+        placement: DescriptorPlacement,
     ) -> Result<()> {
-        if self.total_units == 0 {
+        let Some(built) = &self.built else { return Err(Error::invalid("internal: no halo table bound")) };
+        if built.total_units == 0 {
             return Ok(());
         }
-        let table = self.buf.raw_parts().ptr.cast::<sys::cuferry_halo_desc>().cast_const();
-        // SAFETY: the table was built for these addresses (precondition 1) by `build`, which
-        // checked every limit; the caller keeps everything alive through the trackers.
-        unsafe {
-            raw::launch(
-                ordinal,
-                table,
-                self.n_desc,
-                self.total_units,
-                packed.cast::<c_void>(),
-                direction,
-                stream.cuda_raw()?,
-            )
+        let raw_stream = stream.cuda_raw()?;
+        match placement {
+            DescriptorPlacement::DeviceMemory => {
+                let table = self.buf.raw_parts().ptr.cast::<sys::cuferry_halo_desc>().cast_const();
+                // SAFETY: the uploaded table was built for these addresses (precondition 1) by
+                // `build`, which checked every limit; the caller keeps everything alive through
+                // the trackers.
+                unsafe {
+                    raw::launch(
+                        ordinal,
+                        table,
+                        self.n_desc,
+                        built.total_units,
+                        packed.cast::<c_void>(),
+                        direction,
+                        raw_stream,
+                    )
+                }
+            }
+            // SAFETY: as above; the host table is copied into the launch's parameters.
+            DescriptorPlacement::LaunchParameters => unsafe {
+                raw::launch_inline(
+                    ordinal,
+                    &built.table,
+                    built.total_units,
+                    packed.cast::<c_void>(),
+                    direction,
+                    raw_stream,
+                )
+            },
         }
     }
 }

@@ -23,7 +23,9 @@
 //! - Everything is checked before work is queued; bad input is [`Error::InvalidArgument`],
 //!   never a panic. Queued work is tracked like a copy (see [`crate::memory`]), so dropping
 //!   arrays or the packer while it is pending is safe.
-//! - On CUDA each `pack` or `unpack` is ONE kernel launch reading a descriptor table; on the
+//! - On CUDA each `pack` or `unpack` is ONE kernel launch reading a descriptor table (from
+//!   device memory, or with [`DescriptorPlacement::LaunchParameters`] from the launch's
+//!   parameters, up to [`MAX_INLINE_DESCRIPTORS`] regions per direction); on the
 //!   host it is ONE job running loop nests planned when the packer is built (64-byte block
 //!   copies of contiguous rows, length-specialised short rows, tiled transposes for turns,
 //!   strided loops otherwise; AVX2 when the CPU has it), on several threads above 512 KiB, and
@@ -65,6 +67,7 @@ mod reference;
 mod spec;
 mod threads;
 
+pub use gpu::{DescriptorPlacement, MAX_INLINE_DESCRIPTORS};
 pub use packer::HaloPacker;
 pub use plan::{Component, PackedSlot};
 pub use pool::{clear_buffer_pool, pooled_buffers, MAX_PER_KEY};

@@ -20,7 +20,7 @@
 use std::sync::Arc;
 
 use super::cpu::{thread_budget, Direction, HostJob, HostSchedule};
-use super::gpu::DeviceTable;
+use super::gpu::{DescriptorPlacement, DeviceTable, MAX_INLINE_DESCRIPTORS};
 use super::plan::{ArrayRef, Component, PackedSlot, Plan};
 use super::pool::PooledBuffer;
 use super::spec::{ElementType, HaloExchange};
@@ -96,6 +96,7 @@ struct CudaTables {
     ordinal: u32,
     pack: DeviceTable,
     unpack: DeviceTable,
+    placement: DescriptorPlacement,
 }
 
 impl HaloPacker {
@@ -135,6 +136,7 @@ impl HaloPacker {
                 ordinal,
                 pack: DeviceTable::new(stream, plan.pack.len())?,
                 unpack: DeviceTable::new(stream, plan.unpack.len())?,
+                placement: DescriptorPlacement::default(),
             })),
         };
         Ok(HaloPacker {
@@ -193,6 +195,36 @@ impl HaloPacker {
     /// The slots of the packed buffer, in pack order.
     pub fn slots(&self) -> &[PackedSlot] {
         &self.plan.slots
+    }
+
+    /// Where the CUDA kernel reads the descriptors from (see [`DescriptorPlacement`]).
+    /// [`DescriptorPlacement::DeviceMemory`] unless set; the host backend has no descriptors
+    /// and always answers that.
+    pub fn descriptor_placement(&self) -> DescriptorPlacement {
+        match &self.backend {
+            Backend::Cuda(tables) => tables.placement,
+            Backend::Host(_) => DescriptorPlacement::DeviceMemory,
+        }
+    }
+
+    /// Sets where the CUDA kernel reads the descriptors from, for the calls queued from now on
+    /// (calls already queued keep theirs). Does nothing on the host backend.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for [`DescriptorPlacement::LaunchParameters`] when a
+    /// direction has more than [`MAX_INLINE_DESCRIPTORS`] descriptors (array regions).
+    pub fn set_descriptor_placement(&mut self, placement: DescriptorPlacement) -> Result<()> {
+        let regions = self.plan.pack.len().max(self.plan.unpack.len());
+        let Backend::Cuda(tables) = &mut self.backend else { return Ok(()) };
+        if placement == DescriptorPlacement::LaunchParameters && regions > MAX_INLINE_DESCRIPTORS {
+            return Err(Error::invalid(format!(
+                "{regions} halo descriptors do not fit the launch's parameters (at most \
+                 {MAX_INLINE_DESCRIPTORS})"
+            )));
+        }
+        tables.placement = placement;
+        Ok(())
     }
 
     /// Kernel launches (CUDA) or host jobs (host) one `pack` or `unpack` queues: 1, or 0 when
@@ -359,20 +391,20 @@ impl HaloPacker {
                 }
             }
             Backend::Cuda(tables) => {
-                let CudaTables { ordinal, pack, unpack } = &mut **tables;
+                let CudaTables { ordinal, pack, unpack, placement } = &mut **tables;
                 let (table, dir) = match direction {
                     Direction::Pack => (pack, HaloDirection::Pack),
                     Direction::Unpack => (unpack, HaloDirection::Unpack),
                 };
-                table.bind(&stream, transfers, &bases, packed)?;
+                let (ordinal, placement) = (*ordinal, *placement);
+                table.bind(&stream, transfers, &bases, packed, placement)?;
                 let table: &DeviceTable = table;
                 trackers.push(table.buffer().raw_parts().tracker);
-                let ordinal = *ordinal;
                 UseTracker::use_on(&stream, &trackers, || {
-                    // SAFETY: the table was just bound to these addresses, and the launch is
-                    // recorded on the trackers of every array, the packed buffer and the table,
-                    // which keep them alive and ordered until it has run.
-                    unsafe { table.launch(&stream, ordinal, packed, dir) }
+                    // SAFETY: the table was just bound to these addresses and this placement,
+                    // and the launch is recorded on the trackers of every array, the packed
+                    // buffer and the table, which keep them alive and ordered until it has run.
+                    unsafe { table.launch(&stream, ordinal, packed, dir, placement) }
                 })
             }
         }

@@ -39,6 +39,7 @@ pub const CUFERRY_HALO_KIND_BITS: i32 = 0;
 pub const CUFERRY_HALO_KIND_F32: i32 = 1;
 pub const CUFERRY_HALO_KIND_F64: i32 = 2;
 pub const CUFERRY_HALO_KIND_I32: i32 = 3;
+pub const CUFERRY_HALO_INLINE_MAX_DESC: i32 = 64;
 #[doc = " 0 on success, > 0 a cudaError_t, < 0 one of the CUFERRY_STATUS_* codes below."]
 pub type cuferry_status = i32;
 #[repr(C)]
@@ -624,6 +625,18 @@ const _: () = {
 unsafe extern "C" {
     #[doc = " Runs every descriptor of `table` (device memory, `n_desc` entries covering `total_units`\n  units) in ONE kernel launch on `stream` of `device`. `packed` is the packed buffer's device\n  address; `direction` is CUFERRY_HALO_PACK or CUFERRY_HALO_UNPACK. total_units = 0 launches\n  nothing. The grid is one wave of resident blocks (fewer for small exchanges)."]
     pub fn cuferry_cuda_halo_launch(
+        device: i32,
+        table: *const cuferry_halo_desc,
+        n_desc: i32,
+        total_units: i64,
+        packed: *mut ::std::os::raw::c_void,
+        direction: i32,
+        stream: cuferry_stream,
+    ) -> cuferry_status;
+}
+unsafe extern "C" {
+    #[doc = " As cuferry_cuda_halo_launch, but `table` is host memory (n_desc <=\n  CUFERRY_HALO_INLINE_MAX_DESC entries) copied into the launch's parameters: the kernel reads\n  the descriptors from the parameter (constant) bank, so no block waits on device-memory\n  loads of the table before its first data load. `table` may be reused once the call\n  returns. n_desc above the maximum is cudaErrorInvalidValue, before anything is queued."]
+    pub fn cuferry_cuda_halo_launch_inline(
         device: i32,
         table: *const cuferry_halo_desc,
         n_desc: i32,

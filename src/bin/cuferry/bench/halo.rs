@@ -5,12 +5,14 @@
 //! (launches per call, time), the seed's strategy (an index array per array per edge, one
 //! launch or gather each), and a copy of the same bytes (D2D on CUDA, memcpy on the host; the
 //! host pack then runs on one thread, as the memcpy does).
+//! On CUDA the packer is also timed with its descriptors in the launch's parameters
+//! ([`DescriptorPlacement::LaunchParameters`]; the ratio is default time / that time).
 //! Arrays are stored (z, y, x), x contiguous. On CUDA every timed run of the three starts
 //! with the L2 flushed ([`L2Flush`]): the copy's 2 x 11.6 MB would otherwise stay in the 50 MB
 //! L2 between runs while the arrays the packer reads (up to 8 x 96 MB) cannot.
 
 use cuferry::halo::baseline::SeedBaseline;
-use cuferry::halo::{ElementType, HaloExchange, HaloPacker, HaloSpec, HorizontalDims};
+use cuferry::halo::{DescriptorPlacement, ElementType, HaloExchange, HaloPacker, HaloSpec, HorizontalDims};
 use cuferry::{copy, Device, DeviceBuffer, Result, Stream};
 
 use super::measure::{gbps, median_device_secs_after, L2Flush};
@@ -112,6 +114,17 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
         // Every run starts with a cold L2 (on CUDA), the packer's, the seed's and the copy's.
         let mut flush = || flusher.as_mut().map_or(Ok(()), |f| f.queue(&stream));
         let pack = median_device_secs_after(&stream, repeats, &mut flush, || packer.pack(&list, None))?;
+        // The same packer with its descriptors in the launch's parameters (CUDA, up to 64
+        // regions): the variant that spares each block the table's loads.
+        let inline = if !device.is_host()
+            && packer.set_descriptor_placement(DescriptorPlacement::LaunchParameters).is_ok()
+        {
+            let secs = median_device_secs_after(&stream, repeats, &mut flush, || packer.pack(&list, None))?;
+            packer.set_descriptor_placement(DescriptorPlacement::DeviceMemory)?;
+            format!("; descriptors as launch parameters: {:.1} us ({:.2}x)", secs * 1e6, pack / secs)
+        } else {
+            String::new()
+        };
         let mut seed = SeedBaseline::new(&stream, &c.exchanges)?;
         let seed_secs = median_device_secs_after(&stream, repeats, &mut flush, || seed.pack(&list))?;
         let src = DeviceBuffer::<u8>::zeroed(&stream, bytes)?;
@@ -125,7 +138,7 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
             case: c.name.clone(),
             bytes,
             params: format!(
-                "{} launch(es), {:.1} us; seed: {} launches, {:.1} us ({:.1}x)",
+                "{} launch(es), {:.1} us; seed: {} launches, {:.1} us ({:.1}x){inline}",
                 packer.launches_per_call(),
                 pack * 1e6,
                 seed.launches_per_pack(),
