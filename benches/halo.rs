@@ -152,6 +152,62 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// The per-round (or per-sample) times of one case in a ratio table: memcpy, one-thread pack,
+/// parallel memcpy, threaded pack, and the two ratios of each round.
+#[derive(Default)]
+struct RatioSamples {
+    memcpy: Vec<f64>,
+    pack_1: Vec<f64>,
+    memcpy_thr: Vec<f64>,
+    pack_thr: Vec<f64>,
+    ratio_1: Vec<f64>,
+    ratio_thr: Vec<f64>,
+}
+
+impl RatioSamples {
+    fn print_header() {
+        println!(
+            "{:<30} {:>10} {:>8} {:>12} {:>9} {:>6}  {:>10} {:>9} {:>6}",
+            "case", "bytes", "memcpy", "pack 1 thr", "", "", "memcpy thr", "pack thr", ""
+        );
+    }
+
+    fn push(&mut self, memcpy: f64, pack_1: f64, memcpy_thr: f64, pack_thr: f64) {
+        self.memcpy.push(memcpy);
+        self.pack_1.push(pack_1);
+        self.memcpy_thr.push(memcpy_thr);
+        self.pack_thr.push(pack_thr);
+        self.ratio_1.push(memcpy / pack_1);
+        self.ratio_thr.push(memcpy_thr / pack_thr);
+    }
+
+    /// Prints the medians of a case: rates, ratios, and a verdict for cases in the target's
+    /// scope (rows >= 128 B); the threaded columns only when the case is `threaded`.
+    fn print_row(mut self, c: &Case, bytes: usize, threaded: bool) {
+        let gbs = |t: f64| bytes as f64 / t / 1e9;
+        let (m, p1) = (median(&mut self.memcpy), median(&mut self.pack_1));
+        let (mp, pt) = (median(&mut self.memcpy_thr), median(&mut self.pack_thr));
+        let (q1, qt) = (median(&mut self.ratio_1), median(&mut self.ratio_thr));
+        let verdict = |q: f64| match (long_rows(c), q >= 0.7) {
+            (false, _) => "",
+            (true, true) => "ok",
+            (true, false) => "MISS",
+        };
+        let thr = if threaded {
+            format!("{:>5.1} GB/s {:>6.1} GB/s {qt:>5.2}x {}", gbs(mp), gbs(pt), verdict(qt))
+        } else {
+            String::new()
+        };
+        println!(
+            "{:<30} {bytes:>10} {:>5.1} GB/s {:>7.1} GB/s {q1:>5.2}x {:<4}  {thr}",
+            c.name,
+            gbs(m),
+            gbs(p1),
+            verdict(q1)
+        );
+    }
+}
+
 /// Seconds per call of `f`, over `iters` calls after one untimed call.
 fn batch(iters: u32, mut f: impl FnMut()) -> f64 {
     f();
@@ -170,10 +226,7 @@ fn host_ratios(_: &mut Criterion) {
     const ROUNDS: usize = 31;
     println!("halo_cpu_ratio: pack+sync vs memcpy of the same bytes, alternating batches, {ROUNDS} rounds");
     println!("(pack 1 thr against one memcpy; pack thr against a memcpy with as many threads)");
-    println!(
-        "{:<30} {:>10} {:>8} {:>12} {:>9} {:>6}  {:>10} {:>9} {:>6}",
-        "case", "bytes", "memcpy", "pack 1 thr", "", "", "memcpy thr", "pack thr", ""
-    );
+    RatioSamples::print_header();
     for c in cases() {
         let mut packer = HaloPacker::new(Device::Host, &c.exchanges, None).expect("packer");
         let stream = packer.stream().clone();
@@ -188,8 +241,7 @@ fn host_ratios(_: &mut Criterion) {
         let (src_bytes, mut dst_bytes) = (vec![1u8; bytes], vec![0u8; bytes]);
         // About 5 ms of memcpy per batch at 20 GB/s.
         let iters = u32::try_from((100_000_000 / bytes.max(1)).clamp(2, 10_000)).unwrap_or(2);
-        let (mut tm, mut t1, mut tt, mut tp) = (vec![], vec![], vec![], vec![]);
-        let (mut r1, mut rt) = (vec![], vec![]);
+        let mut samples = RatioSamples::default();
         for round in 0..ROUNDS {
             let mut memcpy = || {
                 batch(iters, || {
@@ -230,33 +282,9 @@ fn host_ratios(_: &mut Criterion) {
                     (m, p1, m, p1)
                 }
             };
-            tm.push(m);
-            t1.push(p1);
-            tp.push(mp);
-            tt.push(pt);
-            r1.push(m / p1);
-            rt.push(mp / pt);
+            samples.push(m, p1, mp, pt);
         }
-        let gbs = |t: f64| bytes as f64 / t / 1e9;
-        let (m, p1, mp, pt) = (median(&mut tm), median(&mut t1), median(&mut tp), median(&mut tt));
-        let (q1, qt) = (median(&mut r1), median(&mut rt));
-        let verdict = |q: f64| match (long_rows(&c), q >= 0.7) {
-            (false, _) => "",
-            (true, true) => "ok",
-            (true, false) => "MISS",
-        };
-        let thr = if threaded {
-            format!("{:>5.1} GB/s {:>6.1} GB/s {qt:>5.2}x {}", gbs(mp), gbs(pt), verdict(qt))
-        } else {
-            String::new()
-        };
-        println!(
-            "{:<30} {bytes:>10} {:>5.1} GB/s {:>7.1} GB/s {q1:>5.2}x {:<4}  {thr}",
-            c.name,
-            gbs(m),
-            gbs(p1),
-            verdict(q1)
-        );
+        samples.print_row(&c, bytes, threaded);
     }
 }
 
@@ -326,10 +354,7 @@ fn host_ratios_cold(_: &mut Criterion) {
     );
     println!("(both sides cold, as after a time step's compute; pack 1 thr against one memcpy,");
     println!(" pack thr against a memcpy with as many threads)");
-    println!(
-        "{:<30} {:>10} {:>8} {:>12} {:>9} {:>6}  {:>10} {:>9} {:>6}",
-        "case", "bytes", "memcpy", "pack 1 thr", "", "", "memcpy thr", "pack thr", ""
-    );
+    RatioSamples::print_header();
     for c in cases() {
         let mut packer = HaloPacker::new(Device::Host, &c.exchanges, None).expect("packer");
         let stream = packer.stream().clone();
@@ -340,8 +365,7 @@ fn host_ratios_cold(_: &mut Criterion) {
         let threaded = bytes > 512 << 10 && threads > 1;
         let pool = PackExecutor::new(if threaded { threads } else { 1 }).expect("pack executor");
         let (src, mut dst) = (vec![1u8; bytes], vec![0u8; bytes]);
-        let (mut tm, mut t1, mut tp, mut tt, mut r1, mut rt) =
-            (vec![], vec![], vec![], vec![], vec![], vec![]);
+        let mut samples = RatioSamples::default();
         for sample in 0..SAMPLES {
             let mut memcpy = || {
                 cold(&flusher, || {
@@ -372,33 +396,9 @@ fn host_ratios_cold(_: &mut Criterion) {
                 });
                 (mp, pt)
             };
-            tm.push(m);
-            t1.push(p1);
-            tp.push(mp);
-            tt.push(pt);
-            r1.push(m / p1);
-            rt.push(mp / pt);
+            samples.push(m, p1, mp, pt);
         }
-        let gbs = |t: f64| bytes as f64 / t / 1e9;
-        let (m, p1, mp, pt) = (median(&mut tm), median(&mut t1), median(&mut tp), median(&mut tt));
-        let (q1, qt) = (median(&mut r1), median(&mut rt));
-        let verdict = |q: f64| match (long_rows(&c), q >= 0.7) {
-            (false, _) => "",
-            (true, true) => "ok",
-            (true, false) => "MISS",
-        };
-        let thr = if threaded {
-            format!("{:>5.1} GB/s {:>6.1} GB/s {qt:>5.2}x {}", gbs(mp), gbs(pt), verdict(qt))
-        } else {
-            String::new()
-        };
-        println!(
-            "{:<30} {bytes:>10} {:>5.1} GB/s {:>7.1} GB/s {q1:>5.2}x {:<4}  {thr}",
-            c.name,
-            gbs(m),
-            gbs(p1),
-            verdict(q1)
-        );
+        samples.print_row(&c, bytes, threaded);
     }
 }
 

@@ -579,6 +579,26 @@ cuferry_status resident_blocks(int32_t device, long long *blocks) {
   return CUFERRY_STATUS_SUCCESS;
 }
 
+// The checks and the grid of a launch on `device` (made current): *grid = 0 when there is
+// nothing to launch. The checks run first, with any grid, so nothing touches the device for
+// bad arguments.
+cuferry_status prepare_launch(int32_t device, const cuferry_halo_desc *table, int32_t n_desc,
+                              int64_t total_units, const void *packed, int32_t direction,
+                              cuferry_stream stream, unsigned *grid, long long *chunk) {
+  CF_REQUIRE(stream);
+  cuferry_status st = launch_grid(table, n_desc, total_units, packed, direction, 1, grid, chunk);
+  if (st != CUFERRY_STATUS_SUCCESS || *grid == 0) {
+    return st;
+  }
+  CF_TRY(cudaSetDevice(device));
+  long long resident = 0;
+  st = resident_blocks(device, &resident);
+  if (st != CUFERRY_STATUS_SUCCESS) {
+    return st;
+  }
+  return launch_grid(table, n_desc, total_units, packed, direction, resident, grid, chunk);
+}
+
 // Runs halo_thread<F> for every block and thread of the grid, one after the other.
 template <int F>
 void emulate_with(const cuferry_halo_desc *table, int32_t n_desc, int64_t total_units,
@@ -598,22 +618,11 @@ extern "C" {
 cuferry_status cuferry_cuda_halo_launch(int32_t device, const cuferry_halo_desc *table, int32_t n_desc,
                                    int64_t total_units, void *packed, int32_t direction,
                                    cuferry_stream stream) {
-  CF_REQUIRE(stream);
   unsigned grid = 0;
   long long chunk = 0;
-  // The checks first, with any grid: nothing touches the device for bad arguments.
-  cuferry_status st = launch_grid(table, n_desc, total_units, packed, direction, 1, &grid, &chunk);
+  const cuferry_status st =
+      prepare_launch(device, table, n_desc, total_units, packed, direction, stream, &grid, &chunk);
   if (st != CUFERRY_STATUS_SUCCESS || grid == 0) {
-    return st;
-  }
-  CF_TRY(cudaSetDevice(device));
-  long long resident = 0;
-  st = resident_blocks(device, &resident);
-  if (st != CUFERRY_STATUS_SUCCESS) {
-    return st;
-  }
-  st = launch_grid(table, n_desc, total_units, packed, direction, resident, &grid, &chunk);
-  if (st != CUFERRY_STATUS_SUCCESS) {
     return st;
   }
   halo_kernel<<<grid, kThreads, 0, cf_stream(stream)>>>(table, n_desc, total_units, chunk,
@@ -625,25 +634,14 @@ cuferry_status cuferry_cuda_halo_launch(int32_t device, const cuferry_halo_desc 
 cuferry_status cuferry_cuda_halo_launch_inline(int32_t device, const cuferry_halo_desc *table,
                                                int32_t n_desc, int64_t total_units, void *packed,
                                                int32_t direction, cuferry_stream stream) {
-  CF_REQUIRE(stream);
   if (n_desc > CUFERRY_HALO_INLINE_MAX_DESC) {
     return static_cast<cuferry_status>(cudaErrorInvalidValue);
   }
   unsigned grid = 0;
   long long chunk = 0;
-  // The checks first, with any grid: nothing touches the device for bad arguments.
-  cuferry_status st = launch_grid(table, n_desc, total_units, packed, direction, 1, &grid, &chunk);
+  const cuferry_status st =
+      prepare_launch(device, table, n_desc, total_units, packed, direction, stream, &grid, &chunk);
   if (st != CUFERRY_STATUS_SUCCESS || grid == 0) {
-    return st;
-  }
-  CF_TRY(cudaSetDevice(device));
-  long long resident = 0;
-  st = resident_blocks(device, &resident);
-  if (st != CUFERRY_STATUS_SUCCESS) {
-    return st;
-  }
-  st = launch_grid(table, n_desc, total_units, packed, direction, resident, &grid, &chunk);
-  if (st != CUFERRY_STATUS_SUCCESS) {
     return st;
   }
   unsigned char *const bytes = static_cast<unsigned char *>(packed);

@@ -29,6 +29,13 @@ impl HaloDirection {
     }
 }
 
+/// The C types of a launch's device, unit count and direction.
+fn launch_args(device: u32, total_units: u64, direction: HaloDirection) -> Result<(i32, i64, i32)> {
+    let units = i64::try_from(total_units)
+        .map_err(|_| Error::invalid(format!("{total_units} halo units are too many")))?;
+    Ok((ordinal(device)?, units, direction.code()))
+}
+
 /// `cuferry_cuda_halo_launch`: runs every descriptor of `table` in one kernel launch.
 ///
 /// # Safety
@@ -47,12 +54,9 @@ pub(crate) unsafe fn launch(
     direction: HaloDirection,
     stream: RawStream,
 ) -> Result<()> {
-    let dev = ordinal(device)?;
+    let (dev, units, dir) = launch_args(device, total_units, direction)?;
     let n = i32::try_from(n_desc)
         .map_err(|_| Error::invalid(format!("{n_desc} halo descriptors are too many")))?;
-    let units = i64::try_from(total_units)
-        .map_err(|_| Error::invalid(format!("{total_units} halo units are too many")))?;
-    let dir = direction.code();
     // SAFETY: preconditions 1 and 2; the stream handle is live.
     check("cuferry_cuda_halo_launch", unsafe {
         sys::cuferry_cuda_halo_launch(dev, table, n, units, packed, dir, stream.0)
@@ -76,7 +80,7 @@ pub(crate) unsafe fn launch_inline(
     direction: HaloDirection,
     stream: RawStream,
 ) -> Result<()> {
-    let dev = ordinal(device)?;
+    let (dev, units, dir) = launch_args(device, total_units, direction)?;
     if table.len() > INLINE_MAX_DESC {
         return Err(Error::invalid(format!(
             "{} halo descriptors do not fit the launch's parameters (at most {INLINE_MAX_DESC})",
@@ -84,11 +88,8 @@ pub(crate) unsafe fn launch_inline(
         )));
     }
     let n = table.len() as i32; // at most INLINE_MAX_DESC
-    let units = i64::try_from(total_units)
-        .map_err(|_| Error::invalid(format!("{total_units} halo units are too many")))?;
-    let dir = direction.code();
-    // SAFETY: preconditions 1 and 2; `table` holds `n` descriptors for the call's duration;
-    // the stream handle is live.
+                                // SAFETY: preconditions 1 and 2; `table` holds `n` descriptors for the call's duration;
+                                // the stream handle is live.
     check("cuferry_cuda_halo_launch_inline", unsafe {
         sys::cuferry_cuda_halo_launch_inline(dev, table.as_ptr(), n, units, packed, dir, stream.0)
     })
