@@ -5,7 +5,9 @@
 //!   stream before it, and after every earlier operation on either buffer (buffers track their
 //!   uses, see [`crate::memory`]).
 //! - The direction comes from the two buffers' [`MemoryKind`]s and the stream's device:
-//!   - a host stream copies between host-accessible memory only (`memcpy` on its worker);
+//!   - a host stream copies between host-accessible memory only (`memcpy` on its worker), and
+//!     managed memory only on devices with `concurrentManagedAccess` (`Error::Unsupported`
+//!     elsewhere: a host access while a kernel runs would fault);
 //!   - a CUDA stream copies host <-> its device, within its device, between its device and
 //!     another (peer: `cudaMemcpyPeerAsync`, staged by the driver when P2P is off), host to
 //!     host, and to or from managed memory (`cudaMemcpyDefault`).
@@ -29,7 +31,7 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::memory::sealed::RawParts;
 use crate::memory::tracker::UseTracker;
-use crate::memory::{Element, Memory, MemoryKind};
+use crate::memory::{check_host_stream_access, Element, Memory, MemoryKind};
 use crate::stream::host::Job;
 use crate::stream::{Stream, StreamBackend};
 
@@ -56,7 +58,8 @@ pub enum CopyDirection {
 /// # Errors
 ///
 /// [`Error::InvalidArgument`] when the lengths differ or the stream cannot reach one of the
-/// buffers; CUDA errors of the copy.
+/// buffers; [`Error::Unsupported`] on a host stream for managed memory of a device without
+/// `concurrentManagedAccess`; CUDA errors of the copy.
 pub fn copy<T, S, D>(stream: &Stream, src: &S, dst: &mut D) -> Result<CopyDirection>
 where
     T: Element,
@@ -78,7 +81,7 @@ where
 /// # Errors
 ///
 /// [`Error::InvalidArgument`] when a range is out of bounds or the stream cannot reach one of
-/// the buffers; CUDA errors of the copy.
+/// the buffers; [`Error::Unsupported`] as for [`copy`]; CUDA errors of the copy.
 pub fn copy_range<T, S, D>(
     stream: &Stream,
     src: &S,
@@ -153,11 +156,7 @@ fn direction(stream_device: Device, src: MemoryKind, dst: MemoryKind) -> Result<
     match stream_device {
         Device::Host => {
             for k in [src, dst] {
-                if !k.host_accessible() {
-                    return Err(Error::invalid(format!(
-                        "a host stream cannot reach {k:?} memory; queue the copy on a stream of that device"
-                    )));
-                }
+                check_host_stream_access(k)?;
             }
             let both_device = matches!((src, dst), (MemoryKind::Device(_), MemoryKind::Device(_)));
             Ok(if both_device { CopyDirection::DeviceToDevice } else { CopyDirection::HostToHost })

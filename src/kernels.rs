@@ -3,7 +3,8 @@
 //!
 //! Rules: both are queued like any cuferry operation (ordered with the buffer's other uses);
 //! `sum_u32` returns once the sum is known. On a CUDA stream the memory must be device memory
-//! or managed memory; on a host stream it must be host-accessible.
+//! or managed memory; on a host stream it must be host-accessible (managed memory only with
+//! `concurrentManagedAccess`, see [`crate::memory`]).
 //!
 //! # Examples
 //!
@@ -23,7 +24,7 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::memory::sealed::Sealed;
 use crate::memory::tracker::UseTracker;
-use crate::memory::{DeviceBuffer, Memory, MemoryKind};
+use crate::memory::{check_host_stream_access, DeviceBuffer, Memory, MemoryKind};
 use crate::stream::{Stream, StreamBackend};
 
 /// Element `i` of the pattern of `seed`.
@@ -33,7 +34,7 @@ pub fn pattern_value(seed: u32, i: usize) -> u32 {
 
 fn check_reachable(stream: &Stream, kind: MemoryKind) -> Result<()> {
     let ok = match stream.device() {
-        Device::Host => kind.host_accessible(),
+        Device::Host => return check_host_stream_access(kind),
         Device::Cuda(_) => {
             matches!(kind, MemoryKind::Device(Device::Cuda(_)) | MemoryKind::Managed(Device::Cuda(_)))
         }
@@ -55,7 +56,9 @@ unsafe impl Send for SendPtr {}
 ///
 /// # Errors
 ///
-/// [`Error::InvalidArgument`] when the stream cannot reach the memory; CUDA launch errors.
+/// [`Error::InvalidArgument`] when the stream cannot reach the memory; [`Error::Unsupported`]
+/// on a host stream for managed memory of a device without `concurrentManagedAccess`; CUDA
+/// launch errors.
 pub fn fill_pattern_u32<M: Memory<u32> + ?Sized>(stream: &Stream, dst: &mut M, seed: u32) -> Result<()> {
     check_reachable(stream, dst.kind())?;
     let parts = dst.raw_parts();

@@ -42,6 +42,24 @@ pub(crate) fn properties(device: u32) -> Result<sys::cuferry_device_props> {
     Ok(unsafe { props.assume_init() })
 }
 
+/// Whether `device` has `concurrentManagedAccess`, from [`properties`], cached per device for
+/// the first 64 devices (the answer never changes while the process runs).
+pub(crate) fn concurrent_managed_access(device: u32) -> Result<bool> {
+    const CACHED: usize = 64;
+    static CACHE: [std::sync::OnceLock<bool>; CACHED] = [const { std::sync::OnceLock::new() }; CACHED];
+    let lookup = || properties(device).map(|p| p.concurrent_managed_access != 0);
+    match CACHE.get(device as usize) {
+        Some(cell) => match cell.get() {
+            Some(&v) => Ok(v),
+            None => {
+                let v = lookup()?;
+                Ok(*cell.get_or_init(|| v))
+            }
+        },
+        None => lookup(),
+    }
+}
+
 /// `cudaMemGetInfo`: (free, total) bytes.
 pub(crate) fn mem_info(device: u32) -> Result<(usize, usize)> {
     let dev = ordinal(device)?;

@@ -9,6 +9,9 @@
 //!   read racing a copy into the same buffer.
 //! - Allocation that leaves memory uninitialised is `unsafe`; zeroed and copied-from
 //!   allocations are safe. Element types are plain data ([`Element`]).
+//! - Host-stream work (copies, kernel jobs) reaches every kind but CUDA device memory, and
+//!   managed memory only on devices with `concurrentManagedAccess` (elsewhere a host access
+//!   while a kernel runs faults): `Error::Unsupported` otherwise.
 //! - On [`Device::Host`] every kind of buffer is ordinary page-aligned host
 //!   memory, so the same code runs without a GPU.
 //!
@@ -33,6 +36,7 @@ mod registered;
 pub(crate) mod tracker;
 
 use crate::device::Device;
+use crate::error::{Error, Result};
 pub use device::DeviceBuffer;
 pub use pinned::{PinnedBuffer, PinnedOptions};
 pub use registered::HostRegistration;
@@ -61,6 +65,32 @@ impl MemoryKind {
     /// Whether host code can read the memory (everything but CUDA device memory).
     pub fn host_accessible(self) -> bool {
         !matches!(self, MemoryKind::Device(Device::Cuda(_)))
+    }
+}
+
+/// Checks that host-stream work (a copy or kernel job on a host stream's worker, which runs
+/// while the device may run kernels) may touch memory of `kind`: refuses CUDA device memory,
+/// and managed memory of a device without `concurrentManagedAccess` (there, a host access
+/// while any kernel runs faults the process; many VMs and vGPUs lack the capability).
+pub(crate) fn check_host_stream_access(kind: MemoryKind) -> Result<()> {
+    check_host_stream_access_with(kind, crate::cuda::device::concurrent_managed_access)
+}
+
+/// [`check_host_stream_access`] with the capability lookup given (tests).
+fn check_host_stream_access_with(
+    kind: MemoryKind,
+    concurrent: impl FnOnce(u32) -> Result<bool>,
+) -> Result<()> {
+    match kind {
+        MemoryKind::Device(Device::Cuda(_)) => Err(Error::invalid(format!(
+            "a host stream cannot reach {kind:?} memory; queue the work on a stream of that device"
+        ))),
+        MemoryKind::Managed(Device::Cuda(i)) if !concurrent(i)? => Err(Error::unsupported(format!(
+            "host-stream access to managed memory of cuda:{i} needs concurrentManagedAccess, which \
+             cuda:{i} lacks (a host access while a kernel runs would fault); queue the work on a \
+             CUDA stream"
+        ))),
+        _ => Ok(()),
     }
 }
 
@@ -96,5 +126,35 @@ pub(crate) mod sealed {
         /// The pointer, size and tracker of the memory.
         #[doc(hidden)]
         fn raw_parts(&self) -> RawParts<'_>;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_streams_reach_managed_memory_only_with_concurrent_access() {
+        let refused = |kind, concurrent: bool| check_host_stream_access_with(kind, |_| Ok(concurrent));
+        for concurrent in [false, true] {
+            for kind in [MemoryKind::Pageable, MemoryKind::Pinned, MemoryKind::Device(Device::Host)] {
+                assert!(refused(kind, concurrent).is_ok(), "{kind:?}");
+            }
+            assert!(matches!(refused(MemoryKind::Managed(Device::Host), concurrent), Ok(())));
+            assert!(matches!(
+                refused(MemoryKind::Device(Device::Cuda(0)), concurrent),
+                Err(Error::InvalidArgument { .. })
+            ));
+        }
+        assert!(refused(MemoryKind::Managed(Device::Cuda(1)), true).is_ok());
+        match refused(MemoryKind::Managed(Device::Cuda(1)), false) {
+            Err(Error::Unsupported { what }) => assert!(what.contains("cuda:1"), "{what}"),
+            other => panic!("expected Unsupported, got {other:?}"),
+        }
+        // A failed lookup is reported, not taken for either answer.
+        let failed = check_host_stream_access_with(MemoryKind::Managed(Device::Cuda(0)), |_| {
+            Err(Error::unsupported("no CUDA in this build"))
+        });
+        assert!(matches!(failed, Err(Error::Unsupported { .. })));
     }
 }
