@@ -34,6 +34,12 @@ cuferry_status cuferry_cuda_device_can_access_peer(int32_t device, int32_t peer,
 cuferry_status cuferry_cuda_device_enable_peer_access(int32_t device, int32_t peer) {
   (void)device; (void)peer; NB;
 }
+cuferry_status cuferry_cuda_device_get_l2_fetch_granularity(int32_t device, size_t *bytes) {
+  (void)device; (void)bytes; NB;
+}
+cuferry_status cuferry_cuda_device_set_l2_fetch_granularity(int32_t device, size_t bytes) {
+  (void)device; (void)bytes; NB;
+}
 cuferry_status cuferry_cuda_stream_create(int32_t device, int32_t priority, cuferry_stream *stream) {
   (void)device; (void)priority; (void)stream; NB;
 }

@@ -126,6 +126,12 @@ cuferry_status cuferry_cuda_device_synchronize(int32_t device);
 cuferry_status cuferry_cuda_device_can_access_peer(int32_t device, int32_t peer, int32_t *can_access);
 /** Lets `device` access `peer`'s memory. Enabling twice is a success. */
 cuferry_status cuferry_cuda_device_enable_peer_access(int32_t device, int32_t peer);
+/** The most bytes the L2 cache of `device` fetches from DRAM per miss (cudaDeviceGetLimit,
+ *  cudaLimitMaxL2FetchGranularity), read with `device` current. */
+cuferry_status cuferry_cuda_device_get_l2_fetch_granularity(int32_t device, size_t *bytes);
+/** Asks for an L2 fetch granularity of `bytes` (0..=128; a hint the driver may round) on
+ *  `device` (cudaDeviceSetLimit): context-wide, for kernels launched afterwards. */
+cuferry_status cuferry_cuda_device_set_l2_fetch_granularity(int32_t device, size_t bytes);
 
 /* ---- streams ------------------------------------------------------------------------------ */
 

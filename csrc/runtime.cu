@@ -149,4 +149,19 @@ cuferry_status cuferry_cuda_device_enable_peer_access(int32_t device, int32_t pe
   return cf_check(err);
 }
 
+cuferry_status cuferry_cuda_device_get_l2_fetch_granularity(int32_t device, size_t *bytes) {
+  CF_REQUIRE(bytes);
+  CF_TRY(cudaSetDevice(device));
+  size_t v = 0;
+  CF_TRY(cudaDeviceGetLimit(&v, cudaLimitMaxL2FetchGranularity));
+  *bytes = v;
+  return CUFERRY_STATUS_SUCCESS;
+}
+
+cuferry_status cuferry_cuda_device_set_l2_fetch_granularity(int32_t device, size_t bytes) {
+  CF_TRY(cudaSetDevice(device));
+  CF_TRY(cudaDeviceSetLimit(cudaLimitMaxL2FetchGranularity, bytes));
+  return CUFERRY_STATUS_SUCCESS;
+}
+
 }  // extern "C"

@@ -119,11 +119,49 @@ sys.exit(0 if (halo, seed) == (1, 40) else 1)
 ' <<<"$text"
 }
 export -f count_launches
+# The DRAM bytes of an x-face pack (two 384^2 x 79 arrays, 24-byte runs at a 3120-byte pitch)
+# at the device's default L2 fetch granularity and at 32 bytes: the halo test
+# `x_faces_pack_the_same_at_every_l2_fetch_granularity` packs once at each (bit-exact both
+# times), and ncu, flushing the caches before each kernel, reports what each launch read. The
+# step fails when the test fails or ncu did not see the two launches; the bytes are for the
+# log (the bench times the same setting).
+xface_dram() {
+  local exe=$1 text code
+  text=$(ncu --clock-control none --csv --print-units base --kernel-name regex:halo_kernel \
+    --metrics dram__bytes_read.sum,dram__bytes_write.sum "$exe" \
+    x_faces_pack_the_same_at_every_l2_fetch_granularity --exact --nocapture 2>&1)
+  code=$?
+  printf '%s\n' "$text"
+  [ "$code" = 0 ] || return "$code"
+  python3 -c '
+import csv, sys
+launches = {}
+header = None
+for row in csv.reader(l for l in sys.stdin if l.startswith("\"")):
+    if "Metric Name" in row:
+        header = row
+        continue
+    if header and len(row) == len(header):
+        r = dict(zip(header, row))
+        value = float(r["Metric Value"].replace(",", ""))
+        launches.setdefault(int(r["ID"]), {})[r["Metric Name"]] = value
+payload = 2 * 2 * 79 * 384 * 3 * 8
+for i, (lid, m) in enumerate(sorted(launches.items())):
+    read, write = m.get("dram__bytes_read.sum", 0), m.get("dram__bytes_write.sum", 0)
+    which = "default granularity" if i == 0 else "32-byte granularity"
+    print(f"x-face pack {lid} ({which}): DRAM read {read/1e6:.2f} MB, written {write/1e6:.2f} MB, "
+          f"for {payload/1e6:.2f} MB packed ({read/payload:.2f}x read amplification)")
+sys.exit(0 if len(launches) == 2 else 1)
+' <<<"$text"
+}
+export -f xface_dram
 if [ "$tests" = 1 ] && [ -x "$here/tests/halo" ] && selected "$here/tests/halo"; then
   if command -v ncu >/dev/null 2>&1; then
     run "ncu:halo_launches" bash -c 'count_launches "$1"' _ "$here/tests/halo"
+    run "ncu:halo_xface_dram" bash -c 'xface_dram "$1"' _ "$here/tests/halo"
   else
     rows+=("$(printf '%-40s %-14s' "ncu:halo_launches" "SKIP (no ncu)")")
+    rows+=("$(printf '%-40s %-14s' "ncu:halo_xface_dram" "SKIP (no ncu)")")
   fi
 fi
 

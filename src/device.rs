@@ -146,7 +146,65 @@ impl Device {
         let (free, total) = cuda::device::mem_info(i)?;
         Ok(MemoryInfo { free, total })
     }
+
+    /// The most bytes a CUDA device's L2 cache fetches from DRAM on a miss (CUDA's
+    /// `cudaLimitMaxL2FetchGranularity`): a read of fewer bytes may still move this many.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] for [`Device::Host`]; CUDA errors otherwise.
+    pub fn l2_fetch_granularity(self) -> Result<usize> {
+        let Device::Cuda(i) = self else {
+            return Err(Error::unsupported("the L2 fetch granularity exists for CUDA devices only"));
+        };
+        cuda::device::l2_fetch_granularity(i)
+    }
+
+    /// Asks a CUDA device's L2 cache to fetch at most `bytes` (0..=[`MAX_L2_FETCH_GRANULARITY`])
+    /// from DRAM per miss, and returns the granularity now in effect (CUDA treats the request
+    /// as a hint and may round it).
+    ///
+    /// Sparse reads, such as a halo pack's x-faces (24-byte runs at a pitch of kilobytes), move
+    /// less DRAM traffic at 32 bytes (one sector); streaming reads can lose the prefetch that
+    /// larger fetches give. The setting belongs to the device's primary context: it applies to
+    /// every stream, thread and library of the process using the device, for kernels launched
+    /// afterwards. Set it once at start-up, or put the old value back when done.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuferry::Device;
+    /// if Device::cuda_count() > 0 {
+    ///     let device = Device::Cuda(0);
+    ///     let old = device.l2_fetch_granularity()?;
+    ///     let now = device.set_l2_fetch_granularity(32)?;
+    ///     assert!(now <= cuferry::MAX_L2_FETCH_GRANULARITY);
+    ///     device.set_l2_fetch_granularity(old)?;
+    /// }
+    /// # Ok::<(), cuferry::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] for [`Device::Host`]; [`Error::InvalidArgument`] for more than
+    /// [`MAX_L2_FETCH_GRANULARITY`] bytes; CUDA errors otherwise.
+    pub fn set_l2_fetch_granularity(self, bytes: usize) -> Result<usize> {
+        let Device::Cuda(i) = self else {
+            return Err(Error::unsupported("the L2 fetch granularity exists for CUDA devices only"));
+        };
+        if bytes > MAX_L2_FETCH_GRANULARITY {
+            return Err(Error::invalid(format!(
+                "an L2 fetch granularity of {bytes} bytes: CUDA takes 0..={MAX_L2_FETCH_GRANULARITY}"
+            )));
+        }
+        cuda::device::set_l2_fetch_granularity(i, bytes)?;
+        cuda::device::l2_fetch_granularity(i)
+    }
 }
+
+/// The largest L2 fetch granularity CUDA accepts, in bytes
+/// ([`Device::set_l2_fetch_granularity`]).
+pub const MAX_L2_FETCH_GRANULARITY: usize = 128;
 
 /// What a CUDA device is and can do (capabilities are probed from the driver).
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -59,6 +59,8 @@ fn absent_cuda_is_a_typed_error() {
         d.properties().err(),
         d.memory_info().err(),
         d.check_available().err(),
+        d.l2_fetch_granularity().err(),
+        d.set_l2_fetch_granularity(32).err(),
     ];
     for (i, err) in errors.iter().enumerate() {
         let err = err.as_ref().unwrap_or_else(|| panic!("call {i} succeeded without a CUDA device"));
@@ -90,6 +92,8 @@ fn bad_ordinal_is_an_error() {
 fn host_device_rules() {
     assert!(Device::Host.check_available().is_ok());
     assert!(matches!(Device::Host.properties(), Err(Error::Unsupported { .. })));
+    assert!(matches!(Device::Host.l2_fetch_granularity(), Err(Error::Unsupported { .. })));
+    assert!(matches!(Device::Host.set_l2_fetch_granularity(32), Err(Error::Unsupported { .. })));
     assert!(!cuferry::can_access_peer(Device::Host, Device::Host).unwrap());
     assert!(matches!(
         cuferry::enable_peer_access(Device::Host, Device::Cuda(0)),
@@ -98,6 +102,28 @@ fn host_device_rules() {
     let s = Stream::new(Device::Host).unwrap();
     assert!(DeviceSpec::with_streams(Device::Host, s.clone(), Some(s.clone())).is_ok());
     assert!(matches!(DeviceSpec::with_streams(Device::Cuda(0), s, None), Err(Error::InvalidArgument { .. })));
+}
+
+/// The L2 fetch granularity reads back what was asked for (or CUDA's rounding of it, never
+/// more than the largest value), out-of-range requests are refused before CUDA sees them and
+/// change nothing, and the old value goes back.
+#[test]
+fn l2_fetch_granularity_is_set_read_back_and_restored() {
+    let Some(device) = common::cuda_device() else { return };
+    let old = device.l2_fetch_granularity().unwrap();
+    assert!(old <= cuferry::MAX_L2_FETCH_GRANULARITY, "granularity {old} above CUDA's range");
+    println!("default L2 fetch granularity: {old} bytes");
+    let refused = device.set_l2_fetch_granularity(cuferry::MAX_L2_FETCH_GRANULARITY + 1);
+    assert!(matches!(refused, Err(Error::InvalidArgument { .. })), "{refused:?}");
+    assert_eq!(device.l2_fetch_granularity().unwrap(), old, "a refused request changed the setting");
+    for bytes in [32, 64, 128] {
+        let now = device.set_l2_fetch_granularity(bytes).unwrap();
+        assert_eq!(now, device.l2_fetch_granularity().unwrap());
+        assert!(now > 0 && now <= cuferry::MAX_L2_FETCH_GRANULARITY, "asked {bytes}, got {now}");
+    }
+    assert_eq!(device.set_l2_fetch_granularity(old).unwrap(), old);
+    let bad = Device::Cuda(Device::cuda_count() + 3);
+    assert!(bad.l2_fetch_granularity().is_err());
 }
 
 /// Set by gpu-bundle/run.sh's sanitizer steps: the fault child below faults on purpose.

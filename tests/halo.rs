@@ -715,6 +715,55 @@ fn descriptor_placements_switch_and_the_parameter_limit_is_checked() {
     assert_eq!(big.descriptor_placement(), DescriptorPlacement::DeviceMemory);
 }
 
+/// x-faces (24-byte runs at a 3120-byte pitch) pack the same bytes whatever the device's L2
+/// fetch granularity, a hint that changes only the DRAM traffic. The GPU bundle's
+/// `ncu:halo_xface_dram` step runs this test under Nsight Compute and reports the DRAM bytes
+/// each pack read: the first at the device's default granularity, the second at 32 bytes.
+#[test]
+fn x_faces_pack_the_same_at_every_l2_fetch_granularity() {
+    let Some(device) = common::cuda_device() else { return };
+    const N: usize = 384;
+    const H: usize = 3;
+    const Z: usize = 79;
+    const W: usize = N + 2 * H;
+    let layout = Layout { shape: vec![Z, W, W], strides: vec![W * W, W, 1], x: Some(2), y: Some(1) };
+    let spec = layout.spec::<f64>();
+    let mut rng = Rng::new(42);
+    let arrays: Vec<Vec<f64>> =
+        (0..2).map(|_| (0..Z * W * W).map(|_| f64::random(&mut rng)).collect()).collect();
+    // West and east interior columns, each into the opposite halo.
+    let faces = [(H..2 * H, N + H..W), (N..N + H, 0..H)];
+    let mut exchanges = Vec::new();
+    let mut expected: Vec<f64> = Vec::new();
+    for a in &arrays {
+        for (xs, halo) in &faces {
+            let region = [0..Z, H..H + N, xs.clone()];
+            exchanges.push(HaloExchange::new(&spec, &region, 0, &[0..Z, H..H + N, halo.clone()]).unwrap());
+            for z in 0..Z {
+                for y in H..H + N {
+                    for x in xs.clone() {
+                        expected.push(a[(z * W + y) * W + x]);
+                    }
+                }
+            }
+        }
+    }
+    let stream = Stream::new(device).unwrap();
+    let bufs: Vec<DeviceBuffer<f64>> =
+        arrays.iter().map(|a| DeviceBuffer::from_slice(&stream, a).unwrap()).collect();
+    let list: Vec<&DeviceBuffer<f64>> = (0..exchanges.len()).map(|i| &bufs[i / faces.len()]).collect();
+    let mut packer = HaloPacker::with_stream(&stream, &exchanges, None).unwrap();
+    let default = device.l2_fetch_granularity().unwrap();
+    for bytes in [default, 32] {
+        let applied = device.set_l2_fetch_granularity(bytes).unwrap();
+        packer.pack(&list, None).unwrap();
+        let packed = packer.pack_buffer().unwrap().to_vec(&stream).unwrap();
+        println!("packed at an L2 fetch granularity of {applied} bytes");
+        assert_eq!(from_bytes::<f64>(&packed), expected, "L2 fetch granularity {applied}");
+    }
+    device.set_l2_fetch_granularity(default).unwrap();
+}
+
 // ---- errors ----------------------------------------------------------------------------------
 
 fn assert_invalid<T: std::fmt::Debug>(r: Result<T, Error>, what: &str) {

@@ -91,3 +91,21 @@ pub(crate) fn synchronize(device: u32) -> Result<()> {
     // SAFETY: plain value arguments.
     check("cudaDeviceSynchronize", unsafe { sys::cuferry_cuda_device_synchronize(dev) })
 }
+
+/// `cudaDeviceGetLimit(cudaLimitMaxL2FetchGranularity)` on `device`, in bytes.
+pub(crate) fn l2_fetch_granularity(device: u32) -> Result<usize> {
+    let dev = ordinal(device)?;
+    let mut bytes = 0usize;
+    // SAFETY: `bytes` is a valid out-pointer for the duration of the call.
+    check("cudaDeviceGetLimit", unsafe {
+        sys::cuferry_cuda_device_get_l2_fetch_granularity(dev, &mut bytes)
+    })?;
+    Ok(bytes)
+}
+
+/// `cudaDeviceSetLimit(cudaLimitMaxL2FetchGranularity, bytes)` on `device`.
+pub(crate) fn set_l2_fetch_granularity(device: u32, bytes: usize) -> Result<()> {
+    let dev = ordinal(device)?;
+    // SAFETY: plain value arguments.
+    check("cudaDeviceSetLimit", unsafe { sys::cuferry_cuda_device_set_l2_fetch_granularity(dev, bytes) })
+}

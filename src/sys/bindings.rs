@@ -186,6 +186,14 @@ unsafe extern "C" {
     pub fn cuferry_cuda_device_enable_peer_access(device: i32, peer: i32) -> cuferry_status;
 }
 unsafe extern "C" {
+    #[doc = " The most bytes the L2 cache of `device` fetches from DRAM per miss (cudaDeviceGetLimit,\n  cudaLimitMaxL2FetchGranularity), read with `device` current."]
+    pub fn cuferry_cuda_device_get_l2_fetch_granularity(device: i32, bytes: *mut usize) -> cuferry_status;
+}
+unsafe extern "C" {
+    #[doc = " Asks for an L2 fetch granularity of `bytes` (0..=128; a hint the driver may round) on\n  `device` (cudaDeviceSetLimit): context-wide, for kernels launched afterwards."]
+    pub fn cuferry_cuda_device_set_l2_fetch_granularity(device: i32, bytes: usize) -> cuferry_status;
+}
+unsafe extern "C" {
     #[doc = " Creates a non-blocking stream on `device` (no implicit sync with the legacy default stream)."]
     pub fn cuferry_cuda_stream_create(
         device: i32,

@@ -58,6 +58,10 @@ pub fn run() -> ExitCode {
                     p.async_engine_count
                 );
                 println!("  memory: {}", mem.unwrap_or_else(|e| format!("unknown ({e})")));
+                let fetch = dev
+                    .l2_fetch_granularity()
+                    .map_or_else(|e| format!("unknown ({e})"), |b| format!("{b} B"));
+                println!("  L2 fetch granularity (max bytes per DRAM fetch): {fetch}");
                 println!(
                     "  managed memory: {} | concurrent managed access: {} | pageable access: {} | \
                      memory pools: {} | host register: {}",

@@ -6,7 +6,9 @@
 //! launch or gather each), and a copy of the same bytes (D2D on CUDA, memcpy on the host; the
 //! host pack then runs on one thread, as the memcpy does).
 //! On CUDA the packer is also timed with its descriptors in the launch's parameters
-//! ([`DescriptorPlacement::LaunchParameters`]; the ratio is default time / that time).
+//! ([`DescriptorPlacement::LaunchParameters`]; the ratio is default time / that time), and,
+//! with the copy, with the L2 fetch granularity at one 32-byte sector (ratio: default / that),
+//! the device's default put back after.
 //! Arrays are stored (z, y, x), x contiguous. On CUDA every timed run of the three starts
 //! with the L2 flushed ([`L2Flush`]): the copy's 2 x 11.6 MB would otherwise stay in the 50 MB
 //! L2 between runs while the arrays the packer reads (up to 8 x 96 MB) cannot.
@@ -89,6 +91,40 @@ fn cases(device: Device, quick: bool) -> Result<Vec<Case>> {
     Ok(out)
 }
 
+/// One DRAM sector: the L2 fetch granularity the sector rows ask for.
+const SECTOR_BYTES: usize = 32;
+
+/// The device's L2 fetch granularity changed for a measurement; put back on drop (errors
+/// included) or by [`L2FetchSetting::restore`].
+struct L2FetchSetting {
+    device: Device,
+    previous: usize,
+    applied: usize,
+    restored: bool,
+}
+
+impl L2FetchSetting {
+    fn apply(device: Device, bytes: usize) -> Result<Self> {
+        let previous = device.l2_fetch_granularity()?;
+        let applied = device.set_l2_fetch_granularity(bytes)?;
+        Ok(L2FetchSetting { device, previous, applied, restored: false })
+    }
+
+    fn restore(mut self) -> Result<()> {
+        self.restored = true;
+        self.device.set_l2_fetch_granularity(self.previous).map(drop)
+    }
+}
+
+impl Drop for L2FetchSetting {
+    fn drop(&mut self) {
+        if !self.restored {
+            // Best effort on an error path: the error being returned says more than this one.
+            let _ = self.device.set_l2_fetch_granularity(self.previous);
+        }
+    }
+}
+
 /// Runs the section and returns its rows.
 pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
     let stream = Stream::new(device)?;
@@ -125,6 +161,29 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
         } else {
             String::new()
         };
+        // The pack and the copy again with the L2 fetching one 32-byte sector per miss: sparse
+        // rows (x-faces) then move less DRAM traffic.
+        let sector = if device.is_host() {
+            String::new()
+        } else {
+            let fetch = L2FetchSetting::apply(device, SECTOR_BYTES)?;
+            let secs = median_device_secs_after(&stream, repeats, &mut flush, || packer.pack(&list, None))?;
+            let src = DeviceBuffer::<u8>::zeroed(&stream, bytes)?;
+            let mut dst = DeviceBuffer::<u8>::zeroed(&stream, bytes)?;
+            let copy_secs = median_device_secs_after(&stream, repeats, &mut flush, || {
+                copy(&stream, &src, &mut dst).map(drop)
+            })?;
+            let note = format!(
+                "; L2 fetch {} B (default {} B): {:.1} us ({:.2}x), D2D same bytes {:.1} us",
+                fetch.applied,
+                fetch.previous,
+                secs * 1e6,
+                pack / secs,
+                copy_secs * 1e6
+            );
+            fetch.restore()?;
+            note
+        };
         let mut seed = SeedBaseline::new(&stream, &c.exchanges)?;
         let seed_secs = median_device_secs_after(&stream, repeats, &mut flush, || seed.pack(&list))?;
         let src = DeviceBuffer::<u8>::zeroed(&stream, bytes)?;
@@ -138,7 +197,7 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
             case: c.name.clone(),
             bytes,
             params: format!(
-                "{} launch(es), {:.1} us; seed: {} launches, {:.1} us ({:.1}x){inline}",
+                "{} launch(es), {:.1} us; seed: {} launches, {:.1} us ({:.1}x){inline}{sector}",
                 packer.launches_per_call(),
                 pack * 1e6,
                 seed.launches_per_pack(),
