@@ -173,8 +173,17 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
             let copy_secs = median_device_secs_after(&stream, repeats, &mut flush, || {
                 copy(&stream, &src, &mut dst).map(drop)
             })?;
+            // Both changes at once, where the descriptors fit the parameters.
+            let both = if packer.set_descriptor_placement(DescriptorPlacement::LaunchParameters).is_ok() {
+                let both =
+                    median_device_secs_after(&stream, repeats, &mut flush, || packer.pack(&list, None))?;
+                packer.set_descriptor_placement(DescriptorPlacement::DeviceMemory)?;
+                format!(", with descriptors as launch parameters {:.1} us ({:.2}x)", both * 1e6, pack / both)
+            } else {
+                String::new()
+            };
             let note = format!(
-                "; L2 fetch {} B (default {} B): {:.1} us ({:.2}x), D2D same bytes {:.1} us",
+                "; L2 fetch {} B (default {} B): {:.1} us ({:.2}x){both}, D2D same bytes {:.1} us",
                 fetch.applied,
                 fetch.previous,
                 secs * 1e6,
