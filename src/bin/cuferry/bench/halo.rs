@@ -125,6 +125,56 @@ impl Drop for L2FetchSetting {
     }
 }
 
+/// How a case's runs are timed: on `stream`, the median of `repeats`, each after `flush`.
+struct Timing<'a, F: FnMut() -> Result<()>> {
+    stream: &'a Stream,
+    repeats: usize,
+    flush: &'a mut F,
+}
+
+impl<F: FnMut() -> Result<()>> Timing<'_, F> {
+    fn median(&mut self, op: impl FnMut() -> Result<()>) -> Result<f64> {
+        median_device_secs_after(self.stream, self.repeats, &mut *self.flush, op)
+    }
+}
+
+/// The params note of the 32-byte L2 fetch: the pack with each descriptor placement and the
+/// same-bytes copy, against `pack` (seconds at the default). A device that refuses the setting
+/// gets a note saying so, not an error.
+fn sector_fetch_note<F: FnMut() -> Result<()>>(
+    mut timing: Timing<'_, F>,
+    packer: &mut HaloPacker,
+    list: &[&DeviceBuffer<f64>],
+    bytes: usize,
+    pack: f64,
+) -> Result<String> {
+    let fetch = match L2FetchSetting::apply(timing.stream.device(), SECTOR_BYTES) {
+        Ok(fetch) => fetch,
+        Err(e) => return Ok(format!("; L2 fetch {SECTOR_BYTES} B: not settable ({e})")),
+    };
+    let secs = timing.median(|| packer.pack(list, None))?;
+    let both = if packer.set_descriptor_placement(DescriptorPlacement::LaunchParameters).is_ok() {
+        let both = timing.median(|| packer.pack(list, None))?;
+        packer.set_descriptor_placement(DescriptorPlacement::DeviceMemory)?;
+        format!(", with descriptors as launch parameters {:.1} us ({:.2}x)", both * 1e6, pack / both)
+    } else {
+        String::new()
+    };
+    let src = DeviceBuffer::<u8>::zeroed(timing.stream, bytes)?;
+    let mut dst = DeviceBuffer::<u8>::zeroed(timing.stream, bytes)?;
+    let copy_secs = timing.median(|| copy(timing.stream, &src, &mut dst).map(drop))?;
+    let note = format!(
+        "; L2 fetch {} B (default {} B): {:.1} us ({:.2}x){both}, D2D same bytes {:.1} us",
+        fetch.applied,
+        fetch.previous,
+        secs * 1e6,
+        pack / secs,
+        copy_secs * 1e6
+    );
+    fetch.restore()?;
+    Ok(note)
+}
+
 /// Runs the section and returns its rows.
 pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
     let stream = Stream::new(device)?;
@@ -166,32 +216,8 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
         let sector = if device.is_host() {
             String::new()
         } else {
-            let fetch = L2FetchSetting::apply(device, SECTOR_BYTES)?;
-            let secs = median_device_secs_after(&stream, repeats, &mut flush, || packer.pack(&list, None))?;
-            let src = DeviceBuffer::<u8>::zeroed(&stream, bytes)?;
-            let mut dst = DeviceBuffer::<u8>::zeroed(&stream, bytes)?;
-            let copy_secs = median_device_secs_after(&stream, repeats, &mut flush, || {
-                copy(&stream, &src, &mut dst).map(drop)
-            })?;
-            // Both changes at once, where the descriptors fit the parameters.
-            let both = if packer.set_descriptor_placement(DescriptorPlacement::LaunchParameters).is_ok() {
-                let both =
-                    median_device_secs_after(&stream, repeats, &mut flush, || packer.pack(&list, None))?;
-                packer.set_descriptor_placement(DescriptorPlacement::DeviceMemory)?;
-                format!(", with descriptors as launch parameters {:.1} us ({:.2}x)", both * 1e6, pack / both)
-            } else {
-                String::new()
-            };
-            let note = format!(
-                "; L2 fetch {} B (default {} B): {:.1} us ({:.2}x){both}, D2D same bytes {:.1} us",
-                fetch.applied,
-                fetch.previous,
-                secs * 1e6,
-                pack / secs,
-                copy_secs * 1e6
-            );
-            fetch.restore()?;
-            note
+            let timing = Timing { stream: &stream, repeats, flush: &mut flush };
+            sector_fetch_note(timing, &mut packer, &list, bytes, pack)?
         };
         let mut seed = SeedBaseline::new(&stream, &c.exchanges)?;
         let seed_secs = median_device_secs_after(&stream, repeats, &mut flush, || seed.pack(&list))?;
