@@ -89,34 +89,43 @@ if [ "$tests" = 1 ]; then
     run "mpi:$(basename "$t")" env CUFERRY_REQUIRE_MPI=1 "$t"
   done
 fi
-# The launches of one pack, counted by Nsight Compute rather than taken from the packer: the
-# halo test `ten_arrays_of_edges_pack_in_one_launch` packs the benchmark's 10-array edges once
-# with the packer and once with the seed strategy, so ncu must see exactly 1 halo_kernel and
-# 40 seed_gather_kernel launches. Clocks are left alone (--clock-control none, METHOD.md).
-count_launches() {
-  local exe=$1 text code
-  text=$(ncu --clock-control none --csv --metrics launch__grid_size "$exe" \
-    ten_arrays_of_edges_pack_in_one_launch --exact 2>&1)
+# Runs test $2 of binary $1 under ncu (clocks left alone, CSV) with the remaining arguments,
+# prints ncu's output, and, when ncu and the test succeeded, runs the Python check $3 over it
+# with `rows` bound to the CSV's data rows (dicts keyed by the header): its exit code is the
+# step's.
+ncu_check() {
+  local exe=$1 test=$2 check=$3 text code
+  shift 3
+  text=$(ncu --clock-control none --csv "$@" "$exe" "$test" --exact --nocapture 2>&1)
   code=$?
   printf '%s\n' "$text"
   [ "$code" = 0 ] || return "$code"
   python3 -c '
 import csv, sys
-ids = {}
-header = None
+rows, header = [], None
 for row in csv.reader(l for l in sys.stdin if l.startswith("\"")):
     if "Kernel Name" in row:
         header = row
-        continue
-    if header and len(row) == len(header):
-        r = dict(zip(header, row))
-        ids.setdefault(r["Kernel Name"], set()).add(r["ID"])
+    elif header and len(row) == len(header):
+        rows.append(dict(zip(header, row)))
+'"$check" <<<"$text"
+}
+export -f ncu_check
+# The launches of one pack, counted by Nsight Compute rather than taken from the packer: the
+# halo test `ten_arrays_of_edges_pack_in_one_launch` packs the benchmark's 10-array edges once
+# with the packer and once with the seed strategy, so ncu must see exactly 1 halo_kernel and
+# 40 seed_gather_kernel launches. Clocks are left alone (--clock-control none, METHOD.md).
+count_launches() {
+  ncu_check "$1" ten_arrays_of_edges_pack_in_one_launch '
+ids = {}
+for r in rows:
+    ids.setdefault(r["Kernel Name"], set()).add(r["ID"])
 def count(part):
     return sum(len(v) for k, v in ids.items() if part in k)
 halo, seed = count("halo_kernel"), count("seed_gather_kernel")
 print(f"launches counted by ncu: halo_kernel {halo} (expected 1), seed_gather_kernel {seed} (expected 40)")
 sys.exit(0 if (halo, seed) == (1, 40) else 1)
-' <<<"$text"
+' --metrics launch__grid_size
 }
 export -f count_launches
 # The DRAM bytes of an x-face pack (two 384^2 x 79 arrays, 24-byte runs at a 3120-byte pitch)
@@ -126,25 +135,11 @@ export -f count_launches
 # step fails when the test fails or ncu did not see the two launches; the bytes are for the
 # log (the bench times the same setting).
 xface_dram() {
-  local exe=$1 text code
-  text=$(ncu --clock-control none --csv --print-units base --kernel-name regex:halo_kernel \
-    --metrics dram__bytes_read.sum,dram__bytes_write.sum "$exe" \
-    x_faces_pack_the_same_at_every_l2_fetch_granularity --exact --nocapture 2>&1)
-  code=$?
-  printf '%s\n' "$text"
-  [ "$code" = 0 ] || return "$code"
-  python3 -c '
-import csv, sys
+  ncu_check "$1" x_faces_pack_the_same_at_every_l2_fetch_granularity '
 launches = {}
-header = None
-for row in csv.reader(l for l in sys.stdin if l.startswith("\"")):
-    if "Metric Name" in row:
-        header = row
-        continue
-    if header and len(row) == len(header):
-        r = dict(zip(header, row))
-        value = float(r["Metric Value"].replace(",", ""))
-        launches.setdefault(int(r["ID"]), {})[r["Metric Name"]] = value
+for r in rows:
+    value = float(r["Metric Value"].replace(",", ""))
+    launches.setdefault(int(r["ID"]), {})[r["Metric Name"]] = value
 payload = 2 * 2 * 79 * 384 * 3 * 8
 for i, (lid, m) in enumerate(sorted(launches.items())):
     read, write = m.get("dram__bytes_read.sum", 0), m.get("dram__bytes_write.sum", 0)
@@ -152,7 +147,7 @@ for i, (lid, m) in enumerate(sorted(launches.items())):
     print(f"x-face pack {lid} ({which}): DRAM read {read/1e6:.2f} MB, written {write/1e6:.2f} MB, "
           f"for {payload/1e6:.2f} MB packed ({read/payload:.2f}x read amplification)")
 sys.exit(0 if len(launches) == 2 else 1)
-' <<<"$text"
+' --print-units base --kernel-name regex:halo_kernel --metrics dram__bytes_read.sum,dram__bytes_write.sum
 }
 export -f xface_dram
 if [ "$tests" = 1 ] && [ -x "$here/tests/halo" ] && selected "$here/tests/halo"; then
