@@ -218,6 +218,31 @@ fn batch(iters: u32, mut f: impl FnMut()) -> f64 {
     t0.elapsed().as_secs_f64() / f64::from(iters)
 }
 
+/// What both ratio tables build per case: the packer and its arrays, and the memcpy pool
+/// matching the packer's threads.
+struct RatioSetup {
+    packer: HaloPacker,
+    arrays: Vec<DeviceBuffer<f64>>,
+    bytes: usize,
+    threads: usize,
+    /// Whether the packer splits this case over its threads (then the threaded columns run).
+    threaded: bool,
+    pool: PackExecutor,
+}
+
+impl RatioSetup {
+    fn new(c: &Case) -> Self {
+        let packer = HaloPacker::new(Device::Host, &c.exchanges, None).expect("packer");
+        let arrays = arrays_of(&packer.stream().clone(), c);
+        let bytes = packer.buffer_bytes();
+        let threads = packer.host_threads();
+        // The packer's own threshold (src/halo/cpu.rs PARALLEL_MIN_BYTES).
+        let threaded = bytes > 512 << 10 && threads > 1;
+        let pool = PackExecutor::new(if threaded { threads } else { 1 }).expect("pack executor");
+        RatioSetup { packer, arrays, bytes, threads, threaded, pool }
+    }
+}
+
 /// The same-run ratio table: pack + synchronize against memcpy of the same bytes, in
 /// alternating batches (see the module docs), single-threaded against one memcpy and, above
 /// 512 KiB, threaded against a parallel memcpy with as many threads (a persistent
@@ -228,16 +253,9 @@ fn host_ratios(_: &mut Criterion) {
     println!("(pack 1 thr against one memcpy; pack thr against a memcpy with as many threads)");
     RatioSamples::print_header();
     for c in cases() {
-        let mut packer = HaloPacker::new(Device::Host, &c.exchanges, None).expect("packer");
-        let stream = packer.stream().clone();
-        let arrays = arrays_of(&stream, &c);
+        let RatioSetup { mut packer, arrays, bytes, threads, threaded, pool } = RatioSetup::new(&c);
         let list = per_exchange(&c, &arrays);
-        let bytes = packer.buffer_bytes();
         let (src, mut dst) = (vec![1.5f64; bytes / 8], vec![0.0f64; bytes / 8]);
-        let threads = packer.host_threads();
-        // The packer's own threshold (src/halo/cpu.rs PARALLEL_MIN_BYTES).
-        let threaded = bytes > 512 << 10 && threads > 1;
-        let pool = PackExecutor::new(if threaded { threads } else { 1 }).expect("pack executor");
         let (src_bytes, mut dst_bytes) = (vec![1u8; bytes], vec![0u8; bytes]);
         // About 5 ms of memcpy per batch at 20 GB/s.
         let iters = u32::try_from((100_000_000 / bytes.max(1)).clamp(2, 10_000)).unwrap_or(2);
@@ -356,14 +374,8 @@ fn host_ratios_cold(_: &mut Criterion) {
     println!(" pack thr against a memcpy with as many threads)");
     RatioSamples::print_header();
     for c in cases() {
-        let mut packer = HaloPacker::new(Device::Host, &c.exchanges, None).expect("packer");
-        let stream = packer.stream().clone();
-        let arrays = arrays_of(&stream, &c);
+        let RatioSetup { mut packer, arrays, bytes, threads, threaded, pool } = RatioSetup::new(&c);
         let list = per_exchange(&c, &arrays);
-        let bytes = packer.buffer_bytes();
-        let threads = packer.host_threads();
-        let threaded = bytes > 512 << 10 && threads > 1;
-        let pool = PackExecutor::new(if threaded { threads } else { 1 }).expect("pack executor");
         let (src, mut dst) = (vec![1u8; bytes], vec![0u8; bytes]);
         let mut samples = RatioSamples::default();
         for sample in 0..SAMPLES {
