@@ -407,7 +407,7 @@ cuferry_status cuferry_cuda_halo_launch(int32_t device, const cuferry_halo_desc 
                                    int64_t total_units, void *packed, int32_t direction,
                                    cuferry_stream stream);
 
-/** Most descriptors cuferry_cuda_halo_launch_inline takes: 64 x 408 bytes travel in the
+/** Most descriptors cuferry_cuda_halo_launch_inline takes: 64 x 280 bytes travel in the
  *  launch's parameters (CUDA 12.1+ gives kernels up to 32 764 bytes of them on Volta and
  *  later). */
 #define CUFERRY_HALO_INLINE_MAX_DESC 64

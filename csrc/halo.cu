@@ -6,7 +6,8 @@
 //    more blocks than kThreads-unit rows of work. Block b owns the contiguous access units
 //    [b * chunk, (b + 1) * chunk) of the launch's numbering, chunk = ceil(total / grid).
 //  - A block's chunk meets one descriptor or a few: the block finds the first one together
-//    (first_segment: one parallel read of the starts) and walks the segments. In
+//    (first_segment: one parallel read of the starts; inline launches carry it, computed on
+//    the host by first_segment_from, which the emulation runs too) and walks the segments. In
 //    a segment [lo, hi) thread t moves the units lo + t + i * kThreads, so consecutive threads
 //    move consecutive units (coalesced on the packed side, and on the array side along
 //    contiguous rows).
@@ -369,14 +370,13 @@ __host__ __device__ __forceinline__ void move_units_of(const cuferry_halo_desc &
 }
 
 // The last descriptor starting at or before unit c0 (the same for every thread of the block;
-// every thread must call it). On the device the block reads kThreads starts at once and
-// counts them with __syncthreads_count: one round trip to memory per 256 descriptors, where
-// a binary search made log2(n_desc) dependent ones (each about a microsecond with the table
-// out of cache, as it is once per time step).
-__host__ __device__ __forceinline__ int first_segment(const cuferry_halo_desc *__restrict__ table,
-                                                      int n_desc, long long c0, unsigned thread) {
+// every thread must call it). The block reads kThreads starts at once and counts them with
+// __syncthreads_count: one round trip to memory per 256 descriptors, where a binary search
+// made log2(n_desc) dependent ones (each about a microsecond with the table out of cache, as
+// it is once per time step). The host's answer is first_segment_from.
+__device__ __forceinline__ int first_segment(const cuferry_halo_desc *__restrict__ table,
+                                             int n_desc, long long c0, unsigned thread) {
   int starts_at_or_before = 0;
-#ifdef __CUDA_ARCH__
   for (int base = 0; base < n_desc; base += kThreads) {
     const int i = base + static_cast<int>(thread);
     const int here = __syncthreads_count(i < n_desc && table[i].unit_first <= c0);
@@ -385,26 +385,40 @@ __host__ __device__ __forceinline__ int first_segment(const cuferry_halo_desc *_
       break;  // the starts increase: no later one is at or before c0 (uniform in the block)
     }
   }
-#else
-  (void)thread;
-  while (starts_at_or_before < n_desc && table[starts_at_or_before].unit_first <= c0) {
-    ++starts_at_or_before;
-  }
-#endif
   return starts_at_or_before - 1;  // table[0].unit_first == 0 <= c0
 }
 
+// first_segment on the host, for unit c0 at or after the start of descriptor `d` (a
+// previous answer, or 0): the starts increase, so blocks taken in order need one pass over
+// the table in all.
+inline int first_segment_from(const cuferry_halo_desc *table, int n_desc, long long c0, int d) {
+  while (d + 1 < n_desc && table[d + 1].unit_first <= c0) {
+    ++d;
+  }
+  return d;
+}
+
+// first_segment of blocks 0..grid (chunk units each), on the host, as bytes (n_desc <= 256).
+inline void block_first_segments(const cuferry_halo_desc *table, int n_desc, long long chunk,
+                                 unsigned grid, unsigned char *first) {
+  int d = 0;
+  for (unsigned b = 0; b < grid; ++b) {
+    d = first_segment_from(table, n_desc, static_cast<long long>(b) * chunk, d);
+    first[b] = static_cast<unsigned char>(d);
+  }
+}
+
 // The program of thread `thread` of block `block` (units [block * chunk, + chunk) of the
-// launch): every unit it owns, segment by segment. `stage`: the block's kThreads *
-// kStageBytes bytes of staging (shared memory on the device), 16-byte aligned.
+// launch): every unit it owns, segment by segment, from descriptor `lo` (the block's
+// first_segment). `stage`: the block's kThreads * kStageBytes bytes of staging (shared memory
+// on the device), 16-byte aligned.
 template <int F>
 __host__ __device__ void halo_thread(const cuferry_halo_desc *__restrict__ table, int n_desc,
                                      long long total_units, long long chunk, unsigned char *packed,
                                      int direction, unsigned block, unsigned thread,
-                                     unsigned char *stage) {
+                                     unsigned char *stage, int lo) {
   const long long c0 = static_cast<long long>(block) * chunk;
   const long long c1 = c0 + chunk < total_units ? c0 + chunk : total_units;
-  const int lo = first_segment(table, n_desc, c0, thread);
   const bool pack = direction == CUFERRY_HALO_PACK;
   for (int d = lo; d < n_desc; ++d) {
     const cuferry_halo_desc &desc = table[d];
@@ -442,27 +456,42 @@ __global__ void __launch_bounds__(kThreads)
     halo_kernel(const cuferry_halo_desc *__restrict__ table, int n_desc, long long total_units,
                 long long chunk, unsigned char *packed, int direction) {
   __shared__ __align__(16) unsigned char stage[kThreads * kStageBytes];
+  const long long c0 = static_cast<long long>(blockIdx.x) * chunk;
   halo_thread<kRegisterInFlight>(table, n_desc, total_units, chunk, packed, direction, blockIdx.x,
-                                 threadIdx.x, stage);
+                                 threadIdx.x, stage, first_segment(table, n_desc, c0, threadIdx.x));
 }
 
-// The descriptors of a launch passed by value (cuferry_cuda_halo_launch_inline), CAP at most.
+// Most blocks whose first descriptor an inline launch carries (the H100's one wave is 132 SMs
+// x 4 blocks); a larger grid searches on the device as halo_kernel does.
+constexpr int kInlineMaxGrid = 768;
+
+// The descriptors of a launch passed by value (cuferry_cuda_halo_launch_inline), CAP at most,
+// and each block's first descriptor (first_segment, computed on the host) when the grid has
+// at most kInlineMaxGrid blocks.
 template <int CAP>
 struct InlineTable {
+  static_assert(CAP <= 256, "first[] holds descriptor indices in bytes");
   cuferry_halo_desc desc[CAP];
+  unsigned char first[kInlineMaxGrid];
 };
 
 // halo_kernel with its table in the launch's parameters. __grid_constant__ keeps the table in
 // the parameter bank: the per-thread program reads it through a pointer, which without the
-// qualifier would copy every byte of it into each thread's local memory first.
+// qualifier would copy every byte of it into each thread's local memory first. A block's
+// first descriptor is one read at an address uniform in the block (first_known), not
+// first_segment's read of every start: indexed parameter reads at different addresses in a
+// warp are served one address at a time.
 template <int CAP>
 __global__ void __launch_bounds__(kThreads)
     halo_kernel_inline(const __grid_constant__ InlineTable<CAP> table, int n_desc,
                        long long total_units, long long chunk, unsigned char *packed,
-                       int direction) {
+                       int direction, int first_known) {
   __shared__ __align__(16) unsigned char stage[kThreads * kStageBytes];
+  const long long c0 = static_cast<long long>(blockIdx.x) * chunk;
+  const int lo = first_known ? static_cast<int>(table.first[blockIdx.x])
+                             : first_segment(table.desc, n_desc, c0, threadIdx.x);
   halo_thread<kRegisterInFlight>(table.desc, n_desc, total_units, chunk, packed, direction,
-                                 blockIdx.x, threadIdx.x, stage);
+                                 blockIdx.x, threadIdx.x, stage, lo);
 }
 
 // Tables of up to 8 descriptors fit the classic 4 KB of parameters; larger ones take the
@@ -472,16 +501,21 @@ static_assert(sizeof(InlineTable<kInlineSmall>) + 64 <= 4096, "the small table f
 static_assert(sizeof(InlineTable<CUFERRY_HALO_INLINE_MAX_DESC>) + 64 <= 32764,
               "the largest inline table fits the 32 764 bytes of kernel parameters");
 
-// Queues halo_kernel_inline<CAP> over a copy of `table` (n_desc <= CAP): the caller's table
-// is free once this returns.
+// Queues halo_kernel_inline<CAP> over a copy of `table` (n_desc <= CAP) and, for grids of at
+// most kInlineMaxGrid blocks, each block's first descriptor: the caller's table is free once
+// this returns.
 template <int CAP>
 void launch_inline(const cuferry_halo_desc *table, int n_desc, long long total_units,
                    long long chunk, unsigned char *packed, int direction, unsigned grid,
                    cudaStream_t stream) {
   InlineTable<CAP> t{};
   std::memcpy(t.desc, table, sizeof(cuferry_halo_desc) * static_cast<size_t>(n_desc));
+  const int first_known = grid <= static_cast<unsigned>(kInlineMaxGrid) ? 1 : 0;
+  if (first_known) {
+    block_first_segments(table, n_desc, chunk, grid, t.first);
+  }
   halo_kernel_inline<CAP><<<grid, kThreads, 0, stream>>>(t, n_desc, total_units, chunk, packed,
-                                                          direction);
+                                                          direction, first_known);
 }
 
 template <typename T>
@@ -604,9 +638,11 @@ template <int F>
 void emulate_with(const cuferry_halo_desc *table, int32_t n_desc, int64_t total_units,
                   long long chunk, unsigned char *packed, int32_t direction, unsigned grid) {
   alignas(16) static thread_local unsigned char stage[kThreads * kStageBytes];
+  int lo = 0;
   for (unsigned b = 0; b < grid; ++b) {
+    lo = first_segment_from(table, n_desc, static_cast<long long>(b) * chunk, lo);
     for (unsigned t = 0; t < static_cast<unsigned>(kThreads); ++t) {
-      halo_thread<F>(table, n_desc, total_units, chunk, packed, direction, b, t, stage);
+      halo_thread<F>(table, n_desc, total_units, chunk, packed, direction, b, t, stage, lo);
     }
   }
 }

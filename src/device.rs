@@ -148,7 +148,8 @@ impl Device {
     }
 
     /// The most bytes a CUDA device's L2 cache fetches from DRAM on a miss (CUDA's
-    /// `cudaLimitMaxL2FetchGranularity`): a read of fewer bytes may still move this many.
+    /// `cudaLimitMaxL2FetchGranularity`): a read of fewer bytes may still move this many. This
+    /// is the limit as the runtime stores it; the hardware may treat it as a hint.
     ///
     /// # Errors
     ///
@@ -161,8 +162,10 @@ impl Device {
     }
 
     /// Asks a CUDA device's L2 cache to fetch at most `bytes` (0..=[`MAX_L2_FETCH_GRANULARITY`])
-    /// from DRAM per miss, and returns the granularity now in effect (CUDA treats the request
-    /// as a hint and may round it).
+    /// from DRAM per miss, and returns the limit read back from the runtime (which may round
+    /// the request). CUDA documents the limit as a performance hint that a platform may
+    /// ignore or clamp, so the value read back does not prove the hardware's behaviour
+    /// changed: measure DRAM traffic (Nsight Compute's `dram__bytes_read.sum`) to know.
     ///
     /// Sparse reads, such as a halo pack's x-faces (24-byte runs at a pitch of kilobytes), move
     /// less DRAM traffic at 32 bytes (one sector); streaming reads can lose the prefetch that

@@ -117,9 +117,13 @@ fn l2_fetch_granularity_is_set_read_back_and_restored() {
     assert!(matches!(refused, Err(Error::InvalidArgument { .. })), "{refused:?}");
     assert_eq!(device.l2_fetch_granularity().unwrap(), old, "a refused request changed the setting");
     for bytes in [32, 64, 128] {
-        let now = device.set_l2_fetch_granularity(bytes).unwrap();
+        // Put back on drop, a failed assertion included.
+        let Some(setting) = common::L2FetchSetting::set(device, bytes) else { continue };
+        let now = setting.applied;
         assert_eq!(now, device.l2_fetch_granularity().unwrap());
         assert!(now > 0 && now <= cuferry::MAX_L2_FETCH_GRANULARITY, "asked {bytes}, got {now}");
+        drop(setting);
+        assert_eq!(device.l2_fetch_granularity().unwrap(), old, "the guard put the old value back");
     }
     assert_eq!(device.set_l2_fetch_granularity(old).unwrap(), old);
     let bad = Device::Cuda(Device::cuda_count() + 3);

@@ -159,6 +159,7 @@ impl SeedBaseline {
             return Ok(());
         }
         let (stream, kind) = (&self.stream, self.kind);
+        // A failed launch leaves the ones before it queued: the tracker records them anyway.
         UseTracker::use_on(stream, &trackers, || {
             for gather in gathers {
                 match stream.device() {

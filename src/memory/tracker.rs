@@ -10,6 +10,8 @@
 //!   the remembered event. Freeing therefore never races queued work.
 //! - The tracker's lock is held from the wait through the record, so two threads queueing on
 //!   one buffer cannot interleave between an operation and its record.
+//! - An operation whose queueing failed is recorded too (it may have queued part of its work
+//!   before failing); when even the record fails, the host waits for the stream instead.
 //! - An operation locks its buffers' trackers in address order, whatever order the caller
 //!   lists them in: two threads queueing on the same buffers cannot deadlock.
 //! - Memory allocated in stream order (managed pools) names its allocation stream: the first
@@ -96,7 +98,9 @@ impl UseTracker {
             }
         }
         drop(waited);
-        enqueue()?;
+        // A failed `enqueue` may have queued part of its work (several launches, the first
+        // ones accepted): the use is recorded all the same, so nothing is freed under it.
+        let enqueued = enqueue();
         let recorded = reusable_event(&guards, stream)
             .map_or_else(|| Event::new(stream.device()).map(Arc::new), Ok)
             .and_then(|event| event.record(stream).map(|()| event));
@@ -105,13 +109,13 @@ impl UseTracker {
                 for guard in guards.iter_mut() {
                     **guard = Some(LastUse { event: Arc::clone(&event), stream: stream.clone() });
                 }
-                Ok(())
+                enqueued
             }
             Err(err) => {
-                // The operation is queued but untracked: wait for it here so nothing is freed
-                // under it, then report the failure.
+                // The operation may be queued but is untracked: wait for it here so nothing is
+                // freed under it, then report the first failure.
                 let _ = stream.wait_idle();
-                Err(err)
+                enqueued.and(Err(err))
             }
         }
     }
@@ -213,6 +217,30 @@ mod tests {
             holder.join().unwrap();
             users.into_iter().for_each(|u| u.join().unwrap());
         }
+    }
+
+    /// An operation that queues work and then fails (the seed baseline's launches, the first
+    /// ones accepted) is still recorded: waiting for the buffer waits for the queued part,
+    /// and the failure is returned.
+    #[test]
+    fn a_failed_operation_still_tracks_what_it_queued() {
+        let stream = Stream::new(Device::Host).unwrap();
+        let tracker = UseTracker::default();
+        let ran = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&ran);
+        let result = UseTracker::use_on(&stream, &[&tracker], || {
+            stream.host_fn(move || {
+                thread::sleep(Duration::from_millis(100));
+                flag.store(true, Ordering::SeqCst);
+            })?;
+            Err(crate::error::Error::invalid("the second launch was refused"))
+        });
+        assert!(
+            matches!(result, Err(crate::error::Error::InvalidArgument { .. })),
+            "the failure is returned: {result:?}"
+        );
+        tracker.wait_idle().unwrap();
+        assert!(ran.load(Ordering::SeqCst), "wait_idle returned before the queued part ran");
     }
 
     /// Stream-ordered memory never used yet: the host waits for the allocation stream's work

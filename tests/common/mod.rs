@@ -99,3 +99,35 @@ macro_rules! on_both_backends {
         }
     };
 }
+
+/// Sets a CUDA device's L2 fetch granularity for the life of the guard and puts the old value
+/// back on drop, panics included (the setting is process-wide, and other tests of the binary
+/// run on other threads).
+pub struct L2FetchSetting {
+    device: Device,
+    old: usize,
+    /// The value read back after the request.
+    pub applied: usize,
+}
+
+impl L2FetchSetting {
+    /// Asks for `bytes`; `None` (after printing why) where the device refuses the limit.
+    pub fn set(device: Device, bytes: usize) -> Option<L2FetchSetting> {
+        let old = device.l2_fetch_granularity().expect("reading the L2 fetch granularity");
+        match device.set_l2_fetch_granularity(bytes) {
+            Ok(applied) => Some(L2FetchSetting { device, old, applied }),
+            Err(e) => {
+                println!("the device refused an L2 fetch granularity of {bytes} bytes: {e}");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for L2FetchSetting {
+    fn drop(&mut self) {
+        if let Err(e) = self.device.set_l2_fetch_granularity(self.old) {
+            eprintln!("could not restore the L2 fetch granularity of {}: {e}", self.device);
+        }
+    }
+}
