@@ -75,6 +75,7 @@ cp target/release/libcuferry.so "$bundle/lib/"
 strip "$bundle/lib/libcuferry.so"
 cp include/cuferry.h "$bundle/src/include/"
 cp -r tests/c tests/python "$bundle/src/tests/"
+cp -r python "$bundle/src/"
 cp scripts/gpu-run.sh "$bundle/run.sh"
 chmod +x "$bundle/run.sh"
 ls -l "$bundle"/*/

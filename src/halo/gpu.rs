@@ -8,7 +8,9 @@
 //!   waits for launches still reading the old table.
 //! - [`DescriptorPlacement`] says where the kernel reads the table: device memory (the
 //!   default) or, up to [`MAX_INLINE_DESCRIPTORS`], the launch's parameters (copied by each
-//!   launch; no upload, and no dependent device-memory loads before a block's first data).
+//!   launch, with each block's first descriptor computed on the host: no upload, and a block
+//!   reads its descriptor from the parameter bank at addresses uniform in the block, which
+//!   the constant cache serves at once).
 //! - Access units: rows contiguous on both sides move in units of up to 16 bytes when the row
 //!   length, every outer stride and both start addresses allow it; everything else element by
 //!   element (atoms of 1 to 8 bytes).
@@ -52,7 +54,8 @@ pub enum DescriptorPlacement {
     DeviceMemory,
     /// The launch's parameters (at most [`MAX_INLINE_DESCRIPTORS`] descriptors per direction;
     /// CUDA 12.1 or later on Volta or later): nothing is uploaded, and the kernel reads them
-    /// from the parameter bank, which the launch fills.
+    /// from the parameter bank, which the launch fills, along with each block's first
+    /// descriptor (for grids of up to 768 blocks; larger ones search as with device memory).
     LaunchParameters,
 }
 

@@ -1,51 +1,52 @@
-"""Uses cuferry's C ABI from Python through ctypes (run by tests/python_ctypes.rs).
+"""Uses cuferry's C ABI from Python through python/cuferry.py (run by tests/python_ctypes.rs).
 
 Usage: python3 ctypes_roundtrip.py LIBCUFERRY_SO DEVICE   (DEVICE -1: host backend)
-Round-trips bytes pinned -> device -> pinned and checks an error code; exits non-zero on failure.
+Round-trips bytes pinned -> device -> pinned, checks that errors raise with the library's
+message, and that the module's signatures (parsed from include/cuferry.h) cover every C
+function. Exits non-zero on failure.
 """
-import ctypes
+import os
 import sys
 
-lib = ctypes.CDLL(sys.argv[1])
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+import cuferry  # noqa: E402
+
+lib = cuferry.load(sys.argv[1])
 device = int(sys.argv[2])
-OK, INVALID_ARGUMENT = 0, 1
+print("cuferry", lib.version())
+assert len(lib.functions) >= 40 and "cuferry_ring_next" in lib.functions, lib.functions
+assert lib.const.CUFERRY_HOST == cuferry.HOST and lib.const.CUFERRY_STATUS_OK == 0
 
-lib.cuferry_version.restype = ctypes.c_char_p
-lib.cuferry_last_error_message.restype = ctypes.c_char_p
-lib.cuferry_buffer_ptr.restype = ctypes.c_void_p
-lib.cuferry_buffer_ptr.argtypes = [ctypes.c_void_p]
-for name in ("cuferry_stream_create", "cuferry_pinned_alloc", "cuferry_device_alloc", "cuferry_copy",
-             "cuferry_buffer_synchronize", "cuferry_buffer_free", "cuferry_stream_destroy"):
-    getattr(lib, name).restype = ctypes.c_int
-lib.cuferry_pinned_alloc.argtypes = [ctypes.c_int32, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)]
-lib.cuferry_device_alloc.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)]
-lib.cuferry_copy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
-                             ctypes.c_size_t, ctypes.c_size_t]
-lib.cuferry_buffer_synchronize.argtypes = [ctypes.c_void_p]
-lib.cuferry_buffer_free.argtypes = [ctypes.c_void_p]
-lib.cuferry_stream_destroy.argtypes = [ctypes.c_void_p]
-
-
-def ok(status):
-    if status != OK:
-        raise SystemExit(f"cuferry call failed ({status}): {lib.cuferry_last_error_message().decode()}")
-
-
-print("cuferry", lib.cuferry_version().decode())
 n = 1 << 20
-stream, src, dev, back = (ctypes.c_void_p() for _ in range(4))
-ok(lib.cuferry_stream_create(device, ctypes.byref(stream)))
-ok(lib.cuferry_pinned_alloc(device, n, ctypes.byref(src)))
-ok(lib.cuferry_device_alloc(stream, n, ctypes.byref(dev)))
-ok(lib.cuferry_pinned_alloc(device, n, ctypes.byref(back)))
 payload = bytes((i * 13 + 5) % 251 for i in range(n))
-ctypes.memmove(lib.cuferry_buffer_ptr(src), payload, n)
-ok(lib.cuferry_copy(stream, src, 0, dev, 0, n))
-ok(lib.cuferry_copy(stream, dev, 0, back, 0, n))
-ok(lib.cuferry_buffer_synchronize(back))
-assert ctypes.string_at(lib.cuferry_buffer_ptr(back), n) == payload, "round trip differs"
-assert lib.cuferry_copy(stream, src, n, back, 0, 1) == INVALID_ARGUMENT
-for b in (src, dev, back):
-    ok(lib.cuferry_buffer_free(b))
-ok(lib.cuferry_stream_destroy(stream))
+with lib.stream(device) as stream, lib.pinned(device, n) as src, lib.device_buffer(stream, n) as dev, \
+        lib.pinned(device, n) as back:
+    assert src.size == n and back.read(16) == bytes(16), "pinned memory starts zeroed"
+    src.write(payload)
+    lib.copy(stream, src, dev, n)
+    lib.copy(stream, dev, back, n)
+    assert back.read() == payload, "round trip differs"
+    # The second half moved to the front, through the offsets.
+    lib.copy(stream, src, back, n // 2, src_offset=n // 2)
+    assert back.read(n // 2) == payload[n // 2:], "offset copy differs"
+    try:
+        lib.copy(stream, src, back, 1, src_offset=n)
+        raise AssertionError("a copy past the end was accepted")
+    except cuferry.CuferryError as e:
+        assert e.name == "CUFERRY_STATUS_INVALID_ARGUMENT", e
+        assert e.message, "the library's message comes with the error"
+    if device == cuferry.HOST:
+        assert dev.read(4) == payload[:4], "host-backend device memory is readable"
+    else:
+        try:
+            dev.read(4)
+            raise AssertionError("device memory read from the host")
+        except ValueError:
+            pass
+src.free()  # idempotent after the with block
+try:
+    src.size
+    raise AssertionError("a freed buffer was used")
+except ValueError:
+    pass
 print("python ctypes round trip passed")

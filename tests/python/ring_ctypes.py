@@ -1,51 +1,29 @@
-"""Streams batches through cuferry's slot ring from Python via ctypes (run by
+"""Streams batches through cuferry's slot ring from Python with python/cuferry.py (run by
 tests/python_ctypes.rs), the way a replay loader feeds a learner.
 
 Usage: python3 ring_ctypes.py LIBCUFERRY_SO DEVICE   (DEVICE -1: host backend)
 
-A producer thread publishes batches with cuferry_ring_produce (pipelined, from Python bytes) and
-by hand (acquire, write, publish); the main thread consumes them in order and checks every
-byte: on the host backend from the item's memory, on CUDA by copying it out with CuPy (SKIP of
-the byte check, not of the protocol, when CuPy is missing). Exits non-zero on failure.
+A producer thread publishes batches with Ring.produce (pipelined, from Python bytes) and by
+hand (acquire, write, publish; one slot abandoned); the main thread consumes them in order and
+checks every byte: on the host backend from the item's memory, on CUDA by copying it out with
+CuPy (SKIP of the byte check, not of the protocol, when CuPy is missing). Then a ring freed
+while a consumer waits in `next`: the consumer gets Closed. Exits non-zero on failure.
 """
 import ctypes
+import os
 import sys
 import threading
+import time
 
-lib = ctypes.CDLL(sys.argv[1])
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+import cuferry  # noqa: E402
+
+lib = cuferry.load(sys.argv[1])
 device = int(sys.argv[2])
-OK, WOULD_BLOCK, CLOSED = 0, 6, 8
-vp, u64, size_t, i64 = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int64
-
-lib.cuferry_last_error_message.restype = ctypes.c_char_p
-signatures = {
-    "cuferry_stream_create": [ctypes.c_int32, ctypes.POINTER(vp)],
-    "cuferry_stream_synchronize": [vp],
-    "cuferry_stream_destroy": [vp],
-    "cuferry_ring_create": [ctypes.c_int32, size_t, size_t, size_t, ctypes.POINTER(vp)],
-    "cuferry_ring_destroy": [vp],
-    "cuferry_ring_close": [vp],
-    "cuferry_ring_acquire": [vp, i64, ctypes.POINTER(vp), ctypes.POINTER(vp)],
-    "cuferry_ring_publish": [vp, u64, size_t],
-    "cuferry_ring_produce": [vp, ctypes.POINTER(u64), ctypes.POINTER(vp), ctypes.POINTER(size_t), size_t,
-                             size_t],
-    "cuferry_ring_next": [vp, vp, i64, ctypes.POINTER(vp)],
-    "cuferry_ring_item_info": [vp, ctypes.POINTER(vp), ctypes.POINTER(u64), ctypes.POINTER(size_t)],
-    "cuferry_ring_release": [vp],
-}
-for name, args in signatures.items():
-    getattr(lib, name).argtypes = args
-    getattr(lib, name).restype = ctypes.c_int
-
-
-def ok(status):
-    if status != OK:
-        raise SystemExit(f"cuferry call failed ({status}): {lib.cuferry_last_error_message().decode()}")
-
 
 SLOT = 256 << 10
 DEPTH = 3
-PIPELINED = 24  # items published by cuferry_ring_produce
+PIPELINED = 24  # items published by Ring.produce
 BY_HAND = 6  # then by acquire / publish
 
 
@@ -69,74 +47,80 @@ def read_back(address, n):
     return bytes(out)
 
 
-ring, stream = vp(), vp()
-ok(lib.cuferry_ring_create(device, DEPTH, SLOT, 4, ctypes.byref(ring)))
-ok(lib.cuferry_stream_create(device, ctypes.byref(stream)))
+ring = lib.ring(device, DEPTH, SLOT, fill_threads=4)
+stream = lib.stream(device)
 errors = []
 
 
 def produce():
     try:
-        # Pipelined: the sources stay alive (and unchanged) for the whole call.
-        sources = [ctypes.create_string_buffer(batch(s), len(batch(s))) for s in range(PIPELINED)]
-        seqs = (u64 * PIPELINED)(*range(PIPELINED))
-        ptrs = (vp * PIPELINED)(*(ctypes.addressof(s) for s in sources))
-        lens = (size_t * PIPELINED)(*(len(s) for s in sources))
-        ok(lib.cuferry_ring_produce(ring, seqs, ptrs, lens, PIPELINED, DEPTH))
+        ring.produce(((s, batch(s)) for s in range(PIPELINED)), in_flight=DEPTH)
+        with ring.acquire() as dropped:  # leaving the block unpublished gives the slot back
+            dropped.write(b"never published")
         for seq in range(PIPELINED, PIPELINED + BY_HAND):
             data = batch(seq)
-            slot, host = vp(), vp()
-            ok(lib.cuferry_ring_acquire(ring, -1, ctypes.byref(slot), ctypes.byref(host)))
-            ctypes.memmove(host, data, len(data))
-            ok(lib.cuferry_ring_publish(slot, seq, len(data)))
-        ok(lib.cuferry_ring_close(ring))
+            slot = ring.acquire(timeout=20)
+            slot.write(data)
+            slot.publish(seq, len(data))
+        ring.close()
     except BaseException as e:  # reported by the main thread
         errors.append(e)
-        lib.cuferry_ring_close(ring)
+        ring.close()
 
 
 producer = threading.Thread(target=produce, daemon=True)
 producer.start()
 received, checked = 0, 0
-
-
-def consume_one():
-    """Takes, checks and releases the next item; False once the ring is closed and drained."""
-    global received, checked
-    item = vp()
-    status = lib.cuferry_ring_next(ring, stream, 20_000_000, ctypes.byref(item))
-    if status == CLOSED:
-        return False
-    ok(status)
-    address, seq, n = vp(), u64(), size_t()
-    ok(lib.cuferry_ring_item_info(item, ctypes.byref(address), ctypes.byref(seq), ctypes.byref(n)))
-    assert seq.value == received, f"FIFO order: got {seq.value}, expected {received}"
-    want = batch(received)
-    assert n.value == len(want), f"item {received}: {n.value} bytes, expected {len(want)}"
-    ok(lib.cuferry_stream_synchronize(stream))
-    got = read_back(address.value, n.value)
-    if got is not None:
-        assert got == want, f"item {received}: bytes differ"
-        checked += 1
-    ok(lib.cuferry_ring_release(item))
-    received += 1
-    return True
-
-
 try:
-    while consume_one():
-        pass
+    for item in ring.items(stream, timeout=20):
+        assert item.sequence == received, f"FIFO order: got {item.sequence}, expected {received}"
+        want = batch(received)
+        assert item.nbytes == len(want), f"item {received}: {item.nbytes} bytes, expected {len(want)}"
+        stream.synchronize()
+        got = read_back(item.ptr, item.nbytes)
+        if got is not None:
+            assert got == want, f"item {received}: bytes differ"
+            checked += 1
+        received += 1
 except BaseException:
-    lib.cuferry_ring_close(ring)  # the producer stops with CLOSED instead of waiting forever
+    ring.close()  # the producer stops with Closed instead of waiting forever
     raise
 producer.join()
 if errors:
     raise errors[0]
 assert received == PIPELINED + BY_HAND, f"received {received} items"
-item = vp()
-assert lib.cuferry_ring_next(ring, stream, 0, ctypes.byref(item)) == CLOSED
-ok(lib.cuferry_ring_destroy(ring))
-ok(lib.cuferry_stream_destroy(stream))
+stats = ring.stats()
+assert stats["published"] == received and stats["occupancy"] == 0, stats
+try:
+    ring.next(stream, timeout=0)
+    raise AssertionError("a closed, drained ring handed out an item")
+except cuferry.Closed:
+    pass
+ring.free()
+
+# Freeing a ring while a consumer waits in `next`: free closes it first, so the consumer
+# returns Closed, and free waits for that call before destroying the ring.
+waiting = lib.ring(device, DEPTH, SLOT)
+outcome = []
+
+
+def wait_for_an_item():
+    try:
+        waiting.next(stream)
+        outcome.append("item")
+    except cuferry.Closed:
+        outcome.append("closed")
+    except BaseException as e:
+        outcome.append(e)
+
+
+consumer = threading.Thread(target=wait_for_an_item, daemon=True)
+consumer.start()
+time.sleep(0.1)
+waiting.free()
+consumer.join(timeout=20)
+assert outcome == ["closed"], outcome
+stream.free()
 if checked < received:
     print(f"SKIP: bytes of {received - checked} items not checked (no CuPy to read device memory)")
 print(f"python ring passed: {received} items in order, {checked} byte-checked")

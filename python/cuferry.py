@@ -1,0 +1,486 @@
+"""cuferry from Python: the C ABI (include/cuferry.h) through ctypes, with errors as exceptions.
+
+Rules:
+- The signatures come from the header itself, parsed when the library is loaded: every
+  function of include/cuferry.h is callable on `Library.raw` with its argument and return
+  types set, so this module never drifts from the ABI. Structs of the header become ctypes
+  Structures (`Library.structs`), its #defines and status codes attributes of `Library.const`.
+- A call returning a status other than OK raises `CuferryError` (or its subclass for
+  WOULD_BLOCK, TIMEOUT and CLOSED) with the library's message for the failing call.
+- The classes own their handles: `free()` (or leaving a `with` block, or garbage collection)
+  frees them once. Freeing waits for queued work as the C ABI does (a buffer's free waits
+  for its copies), so dropping an object never frees memory under the device. Free a stream
+  or buffer only when no other thread is using it; a ring's `free()` closes it and waits for
+  the calls in progress on other threads (consumers blocked in `next` return `Closed`).
+- Timeouts are in seconds (None waits for good, 0 never waits); the ABI's are microseconds.
+- Device -1 (`HOST`) is the host backend: everything runs without a GPU.
+
+Example (host backend; pass 0 for the first CUDA device):
+
+    import cuferry
+    lib = cuferry.load()                       # target/release/libcuferry.so of this checkout
+    with lib.stream(cuferry.HOST) as s, lib.pinned(cuferry.HOST, 4) as src, \\
+         lib.device_buffer(s, 4) as dev, lib.pinned(cuferry.HOST, 4) as back:
+        src.write(b"abcd")
+        lib.copy(s, src, dev, 4)
+        lib.copy(s, dev, back, 4)
+        assert back.read(4) == b"abcd"         # read waits for the copy
+"""
+import ctypes
+import os
+import re
+import threading
+
+__all__ = ["HOST", "CuferryError", "WouldBlock", "Timeout", "Closed", "Library", "load"]
+
+HOST = -1
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class CuferryError(Exception):
+    """A cuferry call failed: `status` (the ABI's code), `name` (its name) and the message."""
+
+    def __init__(self, function, status, name, message):
+        super().__init__(f"{function}: {name} ({status}): {message}")
+        self.function, self.status, self.name, self.message = function, status, name, message
+
+
+class WouldBlock(CuferryError):
+    """A call that does not wait found nothing to do (CUFERRY_STATUS_WOULD_BLOCK)."""
+
+
+class Timeout(CuferryError):
+    """A wait ran out of time (CUFERRY_STATUS_TIMEOUT)."""
+
+
+class Closed(CuferryError):
+    """The ring was closed (CUFERRY_STATUS_CLOSED); consumers see it once drained."""
+
+
+# ---- the header ---------------------------------------------------------------------------
+
+_SCALARS = {
+    "int8_t": ctypes.c_int8, "uint8_t": ctypes.c_uint8, "int16_t": ctypes.c_int16,
+    "uint16_t": ctypes.c_uint16, "int32_t": ctypes.c_int32, "uint32_t": ctypes.c_uint32,
+    "int64_t": ctypes.c_int64, "uint64_t": ctypes.c_uint64, "size_t": ctypes.c_size_t,
+    "ssize_t": ctypes.c_ssize_t, "int": ctypes.c_int, "unsigned": ctypes.c_uint,
+    "bool": ctypes.c_bool, "float": ctypes.c_float, "double": ctypes.c_double,
+    "char": ctypes.c_char,
+}
+
+
+class _Header:
+    """The declarations of cuferry.h: #defines, the status enum, structs, opaque types and
+    function prototypes (cbindgen's regular output; anything else is an error here)."""
+
+    def __init__(self, text):
+        text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+        text = re.sub(r"//[^\n]*", "", text)
+        self.defines = {m[0]: int(m[1]) for m in re.findall(r"#define\s+(\w+)\s+(-?\d+)\s*$", text, re.M)}
+        body = re.search(r"typedef enum CuferryStatus \{(.*?)\}", text, re.S)
+        if body is None:
+            raise ValueError("cuferry.h: no CuferryStatus enum")
+        self.statuses = {m[0]: int(m[1]) for m in re.findall(r"(\w+)\s*=\s*(-?\d+)", body.group(1))}
+        self.opaque = set(re.findall(r"typedef struct (\w+) \1;", text))
+        self.struct_fields = {}
+        for name, fields in re.findall(r"typedef struct (\w+) \{(.*?)\} \1;", text, re.S):
+            self.struct_fields[name] = [
+                (f[0].strip(), f[1], f[2]) for f in re.findall(r"([\w\s]+?)\s*(\w+)(?:\[(\w+)\])?;", fields)
+            ]
+        self.functions = {}
+        start = text.find('extern "C" {')
+        if start < 0:
+            raise ValueError('cuferry.h: no extern "C" block')
+        prototypes = re.sub(r"^\s*#.*$", "", text[start + len('extern "C" {'):], flags=re.M)
+        for ret, name, args in re.findall(r"([\w\s\*]+?)\s*\b(cuferry_\w+)\(([^)]*)\);", prototypes, re.S):
+            args = " ".join(args.split())
+            params = [] if args in ("", "void") else [a.strip() for a in args.split(",")]
+            self.functions[name] = (" ".join(ret.split()), [self._strip_name(p) for p in params])
+
+    @staticmethod
+    def _strip_name(param):
+        """`const struct CuferryStream *stream` -> `const struct CuferryStream *`."""
+        m = re.match(r"(.*?[\s\*])(\w+)$", param)
+        if m is None:
+            raise ValueError(f"cuferry.h: cannot read parameter {param!r}")
+        return m.group(1).strip()
+
+
+def _ctype(decl, structs, opaque):
+    """The ctypes type of a C type as cbindgen writes it (None for void)."""
+    decl = re.sub(r"\bconst\b", "", decl)
+    depth = decl.count("*")
+    base = " ".join(decl.replace("*", " ").split())
+    base = base.removeprefix("struct ").removeprefix("enum ")
+    if base == "CuferryStatus":
+        scalar = ctypes.c_int32
+    elif base in opaque or base == "void":
+        if depth == 0:
+            return None
+        scalar, depth = ctypes.c_void_p, depth - 1
+    elif base in structs:
+        scalar = structs[base]
+    elif base in _SCALARS:
+        scalar = _SCALARS[base]
+        if base == "char" and depth == 1:
+            return ctypes.c_char_p
+    else:
+        raise ValueError(f"cuferry.h: unknown type {decl!r}")
+    for _ in range(depth):
+        scalar = ctypes.POINTER(scalar)
+    return scalar
+
+
+class _Namespace:
+    def __init__(self, values):
+        self.__dict__.update(values)
+
+
+# ---- the library --------------------------------------------------------------------------
+
+
+class Library:
+    """libcuferry loaded with the signatures of its header. `raw` has every C function (their
+    names: `functions`); the methods below wrap the common ones."""
+
+    def __init__(self, library_path, header_path):
+        with open(header_path, encoding="utf-8") as f:
+            header = _Header(f.read())
+        self.raw = ctypes.CDLL(library_path)
+        self.const = _Namespace({**header.defines, **header.statuses})
+        self.structs = {}
+        for name, fields in header.struct_fields.items():
+            cfields = []
+            for ctype, field, dim in fields:
+                t = _ctype(ctype, self.structs, header.opaque)
+                if dim:
+                    t = t * (header.defines[dim] if dim in header.defines else int(dim))
+                cfields.append((field, t))
+            self.structs[name] = type(name, (ctypes.Structure,), {"_fields_": cfields})
+        self._status_names = {v: k for k, v in header.statuses.items()}
+        self._raised = {
+            header.statuses["CUFERRY_STATUS_WOULD_BLOCK"]: WouldBlock,
+            header.statuses["CUFERRY_STATUS_TIMEOUT"]: Timeout,
+            header.statuses["CUFERRY_STATUS_CLOSED"]: Closed,
+        }
+        self._checked = set()
+        self.functions = sorted(header.functions)
+        for name, (ret, params) in header.functions.items():
+            fn = getattr(self.raw, name)
+            fn.argtypes = [_ctype(p, self.structs, header.opaque) for p in params]
+            fn.restype = _ctype(ret, self.structs, header.opaque)
+            if ret == "enum CuferryStatus":
+                self._checked.add(name)
+
+    def call(self, name, *args):
+        """Calls C function `name`; a status other than OK raises (see the module rules)."""
+        result = getattr(self.raw, name)(*args)
+        if name in self._checked and result != self.const.CUFERRY_STATUS_OK:
+            message = (self.raw.cuferry_last_error_message() or b"").decode(errors="replace")
+            kind = self._raised.get(result, CuferryError)
+            raise kind(name, result, self._status_names.get(result, "unknown status"), message)
+        return result
+
+    def version(self):
+        """The library's version string."""
+        return self.raw.cuferry_version().decode()
+
+    def device_count(self):
+        """CUDA devices usable by this process (0 without a driver or device)."""
+        n = ctypes.c_int32()
+        self.call("cuferry_device_count", ctypes.byref(n))
+        return n.value
+
+    def stream(self, device):
+        """A new stream on `device` (HOST for the host backend)."""
+        return Stream(self, device)
+
+    def pinned(self, device, nbytes):
+        """`nbytes` of pinned host memory for copies to and from `device`, zeroed."""
+        out = ctypes.c_void_p()
+        self.call("cuferry_pinned_alloc", device, nbytes, ctypes.byref(out))
+        return Buffer(self, out, host_readable=True)
+
+    def device_buffer(self, stream, nbytes):
+        """`nbytes` of memory on `stream`'s device, zeroed in order on `stream`."""
+        out = ctypes.c_void_p()
+        self.call("cuferry_device_alloc", stream._live(), nbytes, ctypes.byref(out))
+        return Buffer(self, out, host_readable=stream.device == HOST)
+
+    def copy(self, stream, src, dst, nbytes, src_offset=0, dst_offset=0):
+        """Queues a copy of `nbytes` on `stream`, ordered after both buffers' earlier uses."""
+        self.call("cuferry_copy", stream.handle, src.handle, src_offset, dst.handle, dst_offset, nbytes)
+
+    def ring(self, device, depth, slot_bytes, fill_threads=4):
+        """A slot ring of `depth` slots of `slot_bytes` uploading to `device`; `fill_threads`
+        (at least 1) threads fill slots from pageable memory in `Ring.produce`."""
+        return Ring(self, device, depth, slot_bytes, fill_threads)
+
+
+def load(library_path=None, header_path=None):
+    """Loads libcuferry. Defaults: $CUFERRY_LIB, else target/release/libcuferry.so of the
+    checkout holding this file; $CUFERRY_HEADER, else its include/cuferry.h."""
+    root = os.path.dirname(_HERE)
+    library_path = library_path or os.environ.get("CUFERRY_LIB") or os.path.join(
+        root, "target", "release", "libcuferry.so")
+    header_path = header_path or os.environ.get("CUFERRY_HEADER") or os.path.join(root, "include", "cuferry.h")
+    return Library(library_path, header_path)
+
+
+def _micros(timeout):
+    """Seconds (None: for good) as the ABI's microseconds (negative: for good)."""
+    return -1 if timeout is None else max(0, int(timeout * 1e6))
+
+
+class _Handle:
+    """An owned handle freed once by C function `_free` (`free()`, `with`, or garbage
+    collection)."""
+
+    _free = None
+
+    def __init__(self, lib, handle):
+        self.lib, self.handle = lib, handle
+
+    def free(self):
+        """Frees the handle (waiting for its queued work, as the C ABI does); idempotent."""
+        handle, self.handle = self.handle, None
+        if handle is not None and handle.value is not None:
+            self.lib.call(self._free, handle)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
+
+    def __del__(self):
+        try:
+            self.free()
+        except Exception:  # interpreter shutdown, or a failure nobody can act on
+            pass
+
+    def _live(self):
+        if self.handle is None:
+            raise ValueError(f"{type(self).__name__} used after close()")
+        return self.handle
+
+
+class Stream(_Handle):
+    """A cuferry stream (`cuferry_stream_create`)."""
+
+    _free = "cuferry_stream_destroy"
+
+    def __init__(self, lib, device):
+        out = ctypes.c_void_p()
+        lib.call("cuferry_stream_create", device, ctypes.byref(out))
+        super().__init__(lib, out)
+        self.device = device
+
+    def synchronize(self):
+        """Waits for everything queued on the stream."""
+        self.lib.call("cuferry_stream_synchronize", self._live())
+
+
+class Buffer(_Handle):
+    """Pinned host or device memory (`cuferry_pinned_alloc`, `cuferry_device_alloc`)."""
+
+    _free = "cuferry_buffer_free"
+
+    def __init__(self, lib, handle, host_readable):
+        super().__init__(lib, handle)
+        self.host_readable = host_readable
+
+    @property
+    def ptr(self):
+        """The memory's address (a device address for device memory)."""
+        return self.lib.raw.cuferry_buffer_ptr(self._live())
+
+    @property
+    def size(self):
+        """Bytes allocated."""
+        return self.lib.raw.cuferry_buffer_size(self._live())
+
+    def synchronize(self):
+        """Waits for every queued use of the buffer."""
+        self.lib.call("cuferry_buffer_synchronize", self._live())
+
+    def _host_range(self, offset, nbytes):
+        if not self.host_readable:
+            raise ValueError("device memory: copy it to a pinned buffer to read or write it")
+        if offset < 0 or nbytes < 0 or offset + nbytes > self.size:
+            raise ValueError(f"bytes {offset}..{offset + nbytes} of a {self.size}-byte buffer")
+        self.synchronize()
+        return self.ptr + offset
+
+    def write(self, data, offset=0):
+        """Copies `data` (bytes-like) in at `offset`, after the buffer's queued uses."""
+        data = bytes(data)
+        ctypes.memmove(self._host_range(offset, len(data)), data, len(data))
+
+    def read(self, nbytes=None, offset=0):
+        """`nbytes` (default: to the end) from `offset`, after the buffer's queued uses."""
+        nbytes = self.size - offset if nbytes is None else nbytes
+        return ctypes.string_at(self._host_range(offset, nbytes), nbytes)
+
+
+class RingSlot:
+    """A host slot from `Ring.acquire`: write up to `size` bytes at `ptr` (or `write`), then
+    `publish` (or `abandon`, which returns it unpublished). Leaving a `with` block without
+    publishing abandons it."""
+
+    def __init__(self, lib, handle, ptr, size):
+        self.lib, self.handle, self.ptr, self.size = lib, handle, ptr, size
+
+    def write(self, data, offset=0):
+        """Copies `data` into the slot at `offset`."""
+        data = bytes(data)
+        if offset < 0 or offset + len(data) > self.size:
+            raise ValueError(f"bytes {offset}..{offset + len(data)} of a {self.size}-byte slot")
+        self._live()
+        ctypes.memmove(self.ptr + offset, data, len(data))
+
+    def publish(self, sequence, nbytes):
+        """Queues the upload of the first `nbytes` with `sequence`; the slot is then the ring's."""
+        handle, self.handle = self._live(), None
+        self.lib.call("cuferry_ring_publish", handle, sequence, nbytes)
+
+    def abandon(self):
+        """Gives the slot back unpublished; idempotent."""
+        handle, self.handle = self.handle, None
+        if handle is not None:
+            self.lib.call("cuferry_ring_abandon", handle)
+
+    def _live(self):
+        if self.handle is None:
+            raise ValueError("slot already published or abandoned")
+        return self.handle
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.abandon()
+
+    def __del__(self):
+        try:
+            self.abandon()
+        except Exception:
+            pass
+
+
+class RingItem:
+    """A published slot from `Ring.next`, its upload ordered before the consumer stream's later
+    work: `ptr` (device address), `sequence`, `nbytes`. `release` (or leaving a `with` block)
+    records the consumed point on that stream and gives the slot back."""
+
+    def __init__(self, lib, handle):
+        self.lib, self.handle = lib, handle
+        ptr, seq, n = ctypes.c_void_p(), ctypes.c_uint64(), ctypes.c_size_t()
+        lib.call("cuferry_ring_item_info", handle, ctypes.byref(ptr), ctypes.byref(seq), ctypes.byref(n))
+        self.ptr, self.sequence, self.nbytes = ptr.value, seq.value, n.value
+
+    def release(self):
+        """Records the consumed point and returns the slot; idempotent."""
+        handle, self.handle = self.handle, None
+        if handle is not None:
+            self.lib.call("cuferry_ring_release", handle)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:
+            pass
+
+
+class Ring(_Handle):
+    """The slot ring (`cuferry_ring_create`): producers fill slots, consumers take them in
+    order on their streams. Methods may be called from several threads, `free()` included."""
+
+    _free = "cuferry_ring_destroy"
+
+    def __init__(self, lib, device, depth, slot_bytes, fill_threads):
+        out = ctypes.c_void_p()
+        lib.call("cuferry_ring_create", device, depth, slot_bytes, fill_threads, ctypes.byref(out))
+        super().__init__(lib, out)
+        self.slot_bytes = slot_bytes
+        self._calls = 0
+        self._idle = threading.Condition()
+
+    def _call(self, name, *args):
+        """Calls `name` on the live ring, counted so that `free()` waits for it."""
+        with self._idle:
+            handle = self._live()
+            self._calls += 1
+        try:
+            return self.lib.call(name, handle, *args)
+        finally:
+            with self._idle:
+                self._calls -= 1
+                self._idle.notify_all()
+
+    def free(self):
+        """Closes the ring, waits for the calls in progress on other threads, and destroys it
+        (slot and item objects still held stay usable); idempotent."""
+        with self._idle:
+            handle = self.handle
+            if handle is None:
+                return
+            self.lib.call("cuferry_ring_close", handle)
+            self._idle.wait_for(lambda: self._calls == 0)
+            self.handle = None
+        self.lib.call(self._free, handle)
+
+    def acquire(self, timeout=None):
+        """The next free host slot, waiting up to `timeout` seconds (`Timeout`, or `WouldBlock`
+        for 0)."""
+        slot, ptr = ctypes.c_void_p(), ctypes.c_void_p()
+        self._call("cuferry_ring_acquire", _micros(timeout), ctypes.byref(slot), ctypes.byref(ptr))
+        return RingSlot(self.lib, slot, ptr.value, self.slot_bytes)
+
+    def produce(self, items, in_flight=None):
+        """Publishes `items`, (sequence, bytes-like) pairs, filling up to `in_flight` slots at
+        once (default: all) on the fill threads. Returns once every item is published."""
+        items = [(seq, bytes(data)) for seq, data in items]
+        n = len(items)
+        if n == 0:
+            return
+        sources = [ctypes.create_string_buffer(data, len(data)) for _, data in items]
+        seqs = (ctypes.c_uint64 * n)(*(seq for seq, _ in items))
+        ptrs = (ctypes.c_void_p * n)(*(ctypes.addressof(s) for s in sources))
+        lens = (ctypes.c_size_t * n)(*(len(data) for _, data in items))
+        self._call("cuferry_ring_produce", seqs, ptrs, lens, n, in_flight or n)
+
+    def next(self, stream, timeout=None):
+        """The next published item in order, ready for work queued on `stream` (`Closed` once
+        closed and drained; `Timeout`, or `WouldBlock` for 0)."""
+        item = ctypes.c_void_p()
+        self._call("cuferry_ring_next", stream._live(), _micros(timeout), ctypes.byref(item))
+        return RingItem(self.lib, item)
+
+    def items(self, stream, timeout=None):
+        """Items in order until the ring is closed and drained; each is released when the loop
+        moves on."""
+        while True:
+            try:
+                item = self.next(stream, timeout)
+            except Closed:
+                return
+            with item:
+                yield item
+
+    def close(self):
+        """Closes the ring: producers get `Closed`, consumers drain what was published."""
+        self._call("cuferry_ring_close")
+
+    def stats(self):
+        """The ring's counters as a dict (occupancy, high_water, producer_waits, published,
+        bytes)."""
+        out = self.lib.structs["CuferryRingStats"]()
+        self._call("cuferry_ring_stats", ctypes.byref(out))
+        return {name: getattr(out, name) for name, _ in out._fields_}
