@@ -232,7 +232,26 @@ def _micros(timeout):
     return -1 if timeout is None else max(0, int(timeout * 1e6))
 
 
-class _Handle:
+class _Owned:
+    """Released once by `_finish`, at the end of a `with` block or by garbage collection."""
+
+    def _finish(self):
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._finish()
+
+    def __del__(self):
+        try:
+            self._finish()
+        except Exception:  # interpreter shutdown, or a failure nobody can act on
+            pass
+
+
+class _Handle(_Owned):
     """An owned handle freed once by C function `_free` (`free()`, `with`, or garbage
     collection)."""
 
@@ -247,17 +266,8 @@ class _Handle:
         if handle is not None and handle.value is not None:
             self.lib.call(self._free, handle)
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
+    def _finish(self):
         self.free()
-
-    def __del__(self):
-        try:
-            self.free()
-        except Exception:  # interpreter shutdown, or a failure nobody can act on
-            pass
 
     def _live(self):
         if self.handle is None:
@@ -323,7 +333,7 @@ class Buffer(_Handle):
         return ctypes.string_at(self._host_range(offset, nbytes), nbytes)
 
 
-class RingSlot:
+class RingSlot(_Owned):
     """A host slot from `Ring.acquire`: write up to `size` bytes at `ptr` (or `write`), then
     `publish` (or `abandon`, which returns it unpublished). Leaving a `with` block without
     publishing abandons it."""
@@ -355,20 +365,11 @@ class RingSlot:
             raise ValueError("slot already published or abandoned")
         return self.handle
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
+    def _finish(self):
         self.abandon()
 
-    def __del__(self):
-        try:
-            self.abandon()
-        except Exception:
-            pass
 
-
-class RingItem:
+class RingItem(_Owned):
     """A published slot from `Ring.next`, its upload ordered before the consumer stream's later
     work: `ptr` (device address), `sequence`, `nbytes`. `release` (or leaving a `with` block)
     records the consumed point on that stream and gives the slot back."""
@@ -385,17 +386,8 @@ class RingItem:
         if handle is not None:
             self.lib.call("cuferry_ring_release", handle)
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
+    def _finish(self):
         self.release()
-
-    def __del__(self):
-        try:
-            self.release()
-        except Exception:
-            pass
 
 
 class Ring(_Handle):
