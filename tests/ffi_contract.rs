@@ -99,3 +99,29 @@ fn a_failing_call_during_thread_teardown_does_not_abort() {
         String::from_utf8_lossy(&child.stderr)
     );
 }
+
+/// Garbage ring sizes come back as `CUFERRY_STATUS_INVALID_ARGUMENT`, with `*out` untouched:
+/// no abort from a huge thread-handle allocation, no memory exhausted by a huge depth.
+#[test]
+fn ring_create_refuses_garbage_sizes() {
+    let sentinel = 0x1234usize as *mut CuferryRing;
+    for (depth, slot_bytes, fill_threads) in [
+        (2, 1024, usize::MAX),
+        (2, 1024, usize::MAX / 8),
+        (2, 1024, 0),
+        (usize::MAX, 1024, 1),
+        (1 << 20, 1024, 1),
+        (4096, usize::MAX / 2, 1),
+        (0, 1024, 1),
+    ] {
+        let mut out = sentinel;
+        // SAFETY: a writable out-parameter.
+        let status = unsafe { cuferry_ring_create(CUFERRY_HOST, depth, slot_bytes, fill_threads, &mut out) };
+        assert_eq!(
+            status,
+            CuferryStatus::InvalidArgument,
+            "depth {depth}, {slot_bytes} bytes, {fill_threads} threads"
+        );
+        assert_eq!(out, sentinel, "cuferry_ring_create wrote *out although it failed");
+    }
+}

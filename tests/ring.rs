@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use cuferry::ring::{
     ConsumerSlot, DType, PackExecutor, RingOptions, SlotLayout, SlotMeta, SlotRing, StreamTransferBackend,
-    TransferBackend,
+    TransferBackend, MAX_PACK_THREADS, MAX_RING_DEPTH,
 };
 use cuferry::{copy_range, Device, DeviceBuffer, Error, PinnedBuffer, Stream};
 use ring_common::FlakyBackend;
@@ -346,6 +346,24 @@ fn release_orders_next_upload(device: Device) {
     }
 }
 
+/// An upload's device time is the copy's alone: the wait for the consumer's release comes
+/// before the timing starts. The consumer of a depth-1 ring queues 200 ms of work before it
+/// releases the slot; the next upload into that slot must not count it.
+fn upload_timing_excludes_the_wait_for_the_consumer(device: Device) {
+    let ring = SlotRing::new(device, RingOptions { timing: true, ..RingOptions::new(1, SLOT) }).unwrap();
+    let stream = Stream::new(device).unwrap();
+    publish(&ring, 0, 0);
+    let slot = ring.next(&stream).unwrap();
+    stream.host_fn(|| std::thread::sleep(Duration::from_millis(200))).unwrap();
+    slot.release().unwrap();
+    publish(&ring, 0, 1);
+    let slot = ring.next(&stream).unwrap();
+    check_slot(&slot, &stream, 0);
+    slot.buffer().unwrap().synchronize().unwrap();
+    let ms = slot.timing().unwrap().device_ms.expect("the upload finished and is timed");
+    assert!(ms < 100.0, "the upload's device time ({ms} ms) includes the consumer's 200 ms");
+}
+
 on_both_backends! {
     failed_submissions => failed_submissions;
     depths_and_speeds => depths_and_speeds;
@@ -356,6 +374,7 @@ on_both_backends! {
     layouts_and_bad_metadata => layouts_and_bad_metadata;
     registered_slots_and_timing => registered_slots_and_timing;
     release_orders_next_upload => release_orders_next_upload;
+    upload_timing_excludes_the_wait_for_the_consumer => upload_timing_excludes_the_wait_for_the_consumer;
     publish_racing_close_never_strands_a_slot => publish_racing_close_never_strands_a_slot;
     a_panicking_backend_never_loses_a_slot => a_panicking_backend_never_loses_a_slot;
     huge_timeouts_wait_forever => huge_timeouts_wait_forever;
@@ -589,4 +608,96 @@ fn bad_ring_options() {
     assert!(SlotRing::new(Device::Host, RingOptions::new(2, 0)).is_err());
     let empty = StreamTransferBackend::new(Device::Host, false).unwrap();
     assert!(SlotRing::with_backend(Box::new(empty)).is_err());
+    // Garbage sizes are refused before anything is allocated, not by exhausting memory.
+    for (depth, slot_bytes) in [(MAX_RING_DEPTH + 1, 16), (usize::MAX, 1), (1 << 40, 1 << 30)] {
+        let err = SlotRing::new(Device::Host, RingOptions::new(depth, slot_bytes)).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument { .. }), "{depth} x {slot_bytes}: {err:?}");
+    }
+    let (depth, slot_bytes) = (MAX_RING_DEPTH, usize::MAX / 2);
+    let err = SlotRing::new(Device::Host, RingOptions::new(depth, slot_bytes)).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument { .. }), "overflowing total: {err:?}");
+    let mut backend = StreamTransferBackend::new(Device::Host, false).unwrap();
+    assert!(matches!(backend.allocate_host_slots(usize::MAX, 1), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(backend.allocate_device_slots(usize::MAX, 1), Err(Error::InvalidArgument { .. })));
+    for threads in [MAX_PACK_THREADS + 1, usize::MAX] {
+        assert!(
+            matches!(PackExecutor::new(threads), Err(Error::InvalidArgument { .. })),
+            "{threads} threads"
+        );
+    }
+}
+
+/// A publish of 0 bytes queues no copy, yet its slot is still ordered after the previous
+/// consumer: the first consumer queues a slow read of the device slot and releases at once; a
+/// 0-byte item is published into the same slot; the second consumer's write to it (like a
+/// kernel working in place) must run after the first consumer's read.
+#[test]
+fn an_empty_publish_still_waits_for_the_previous_consumer() {
+    let ring = SlotRing::new(Device::Host, RingOptions::new(1, SLOT)).unwrap();
+    let (first, second) = (Stream::new(Device::Host).unwrap(), Stream::new(Device::Host).unwrap());
+    publish(&ring, 0, 0);
+    let slot = ring.next(&first).unwrap();
+    let bytes = slot.meta().bytes;
+    let addr = slot.buffer().unwrap().as_ptr() as usize;
+    let read = Arc::new(Mutex::new(Vec::new()));
+    {
+        let read = Arc::clone(&read);
+        first
+            .host_fn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                // SAFETY: the ring keeps the host-backend slot alive, and the slot is not
+                // rewritten before this queued read (the property tested).
+                *read.lock().unwrap() =
+                    unsafe { std::slice::from_raw_parts(addr as *const u8, bytes) }.to_vec();
+            })
+            .unwrap();
+    }
+    slot.release().unwrap();
+    ring.acquire().unwrap().publish(SlotMeta::new(1, SlotLayout::bytes(0))).unwrap();
+    let slot = ring.next(&second).unwrap();
+    assert_eq!(slot.meta().bytes, 0);
+    let addr = slot.buffer().unwrap().as_ptr() as usize;
+    second
+        .host_fn(move || {
+            // SAFETY: as above; the write is ordered after the first consumer's read.
+            unsafe { std::ptr::write_bytes(addr as *mut u8, 0xEE, bytes) };
+        })
+        .unwrap();
+    slot.release().unwrap();
+    second.synchronize().unwrap();
+    first.synchronize().unwrap();
+    assert!(*read.lock().unwrap() == payload(0, 0), "the second consumer wrote under the first one's read");
+}
+
+/// The counters include an item by the time a consumer holds it: a consumer reading the stats
+/// after each `next` never sees fewer slots or bytes published than it received.
+#[test]
+fn counters_include_every_received_item() {
+    let ring = Arc::new(SlotRing::new(Device::Host, RingOptions::new(8, 64)).unwrap());
+    let items = 20_000u64;
+    let producer = {
+        let ring = Arc::clone(&ring);
+        std::thread::spawn(move || {
+            for seq in 0..items {
+                let slot = ring.acquire().unwrap();
+                slot.publish(SlotMeta::new(seq, SlotLayout::bytes(1 + (seq % 64) as usize))).unwrap();
+            }
+        })
+    };
+    let stream = Stream::new(Device::Host).unwrap();
+    let (mut received, mut bytes) = (0u64, 0u64);
+    let mut lagging = 0u64;
+    while received < items {
+        let slot = ring.next(&stream).unwrap();
+        received += 1;
+        bytes += slot.meta().bytes as u64;
+        let stats = ring.stats();
+        if stats.published < received || stats.bytes < bytes {
+            lagging += 1;
+        }
+        drop(slot);
+    }
+    producer.join().unwrap();
+    assert_eq!(lagging, 0, "{lagging} of {items} received items were not yet counted as published");
+    assert_eq!((ring.stats().published, ring.stats().bytes), (received, bytes));
 }

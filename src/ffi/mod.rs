@@ -4,7 +4,8 @@
 //! Rules:
 //! - Every function returns a [`CuferryStatus`] (or a plain value that cannot fail); on failure
 //!   [`cuferry_last_error_message`] describes it, per thread. Out-parameters are written only on
-//!   success.
+//!   success, with one exception: [`cuferry_device_count`] writes 0 whenever it cannot count
+//!   devices, so a caller that only reads the count sees none.
 //! - No Rust panic crosses the boundary: each call catches it and returns
 //!   `CUFERRY_STATUS_PANIC`.
 //! - Devices are `int32_t`: [`CUFERRY_HOST`] (-1) is the host backend, 0.. are CUDA ordinals.

@@ -87,7 +87,9 @@ unsafe fn take_handle<T>(ptr: *mut T, what: &str) -> Result<Box<T>> {
 }
 
 /// Creates a ring of `depth` slots of `slot_bytes` bytes on `device` in `*out`, with
-/// `fill_threads` threads (at least 1) for `cuferry_ring_produce`.
+/// `fill_threads` threads for `cuferry_ring_produce`. `depth` is 1 to 4096, `fill_threads` 1
+/// to 1024, and `depth * slot_bytes` fits a `size_t`; other values give
+/// `CUFERRY_STATUS_INVALID_ARGUMENT` before anything is allocated.
 ///
 /// # Safety
 ///
@@ -104,8 +106,8 @@ pub unsafe extern "C" fn cuferry_ring_create(
         if out.is_null() {
             return Err(Error::invalid("out is NULL"));
         }
-        let ring = SlotRing::new(device_of(device)?, RingOptions::new(depth, slot_bytes))?;
         let executor = PackExecutor::new(fill_threads)?;
+        let ring = SlotRing::new(device_of(device)?, RingOptions::new(depth, slot_bytes))?;
         let raw = Box::into_raw(Box::new(CuferryRing { ring, executor }));
         // SAFETY: `out` is non-NULL and, by the contract, valid for writing a pointer.
         unsafe { write_out(out, raw) }
@@ -145,7 +147,9 @@ pub unsafe extern "C" fn cuferry_ring_close(ring: *const CuferryRing) -> Cuferry
 }
 
 /// Takes a free host slot in `*slot` and its address in `*host` (`slot_bytes` writable bytes),
-/// waiting per `timeout_us`.
+/// waiting up to `timeout_us` microseconds for one: negative waits forever, 0 returns
+/// `CUFERRY_STATUS_WOULD_BLOCK` at once, positive returns `CUFERRY_STATUS_TIMEOUT` after that
+/// long. Any thread may call it; the slot handle is then used by one thread at a time.
 ///
 /// # Safety
 ///
@@ -259,8 +263,11 @@ pub unsafe extern "C" fn cuferry_ring_produce(
     })
 }
 
-/// The next published item in `*item`, in publish order, waiting per `timeout_us`; `stream`
-/// (the consumer's) is ordered after its upload, and its release is recorded on it.
+/// The next published item in `*item`, in publish order, waiting up to `timeout_us`
+/// microseconds for one (negative: forever; 0: `CUFERRY_STATUS_WOULD_BLOCK` at once; positive:
+/// `CUFERRY_STATUS_TIMEOUT` after that long); `stream` (the consumer's) is ordered after its
+/// upload, and its release is recorded on it. Any thread may call it; the item handle is then
+/// used by one thread at a time.
 ///
 /// # Safety
 ///

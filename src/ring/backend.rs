@@ -9,7 +9,9 @@
 //! - "Ready" for a device slot is an event recorded right after its upload.
 //! - "Consumed" for a device slot is recorded on the consumer's stream at release; the next
 //!   upload into that slot is queued behind it on the device (no host wait), so a device slot
-//!   is overwritten only after everything the consumer queued before releasing it.
+//!   is overwritten only after everything the consumer queued before releasing it. The copy
+//!   stream waits for it before the upload's timing starts and before `ready` is recorded,
+//!   whether or not there are bytes to copy.
 //! - [`StreamTransferBackend`] runs on both devices: on CUDA with a CUDA copy stream and pinned
 //!   slots; on the host with a worker-thread stream and ordinary memory, the same protocol.
 
@@ -23,6 +25,8 @@ use crate::memory::sealed::Sealed;
 use crate::memory::tracker::UseTracker;
 use crate::memory::{DeviceBuffer, HostRegistration, Memory, MemoryKind, PinnedBuffer};
 use crate::stream::Stream;
+
+use super::MAX_RING_DEPTH;
 
 /// Which kind of device a backend serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -62,7 +66,7 @@ pub trait TransferBackend: Send + Sync {
     ///
     /// # Errors
     ///
-    /// Allocation failures.
+    /// [`Error::InvalidArgument`] for more than [`MAX_RING_DEPTH`] slots; allocation failures.
     fn allocate_host_slots(&mut self, count: usize, bytes: usize) -> Result<()>;
 
     /// Uses caller memory as host slots, one slot per `Vec`, each registered (page-locked)
@@ -77,7 +81,7 @@ pub trait TransferBackend: Send + Sync {
     ///
     /// # Errors
     ///
-    /// Allocation failures.
+    /// [`Error::InvalidArgument`] for more than [`MAX_RING_DEPTH`] slots; allocation failures.
     fn allocate_device_slots(&mut self, count: usize, bytes: usize) -> Result<()>;
 
     /// Number of host slots.
@@ -323,6 +327,7 @@ impl TransferBackend for StreamTransferBackend {
     }
 
     fn allocate_host_slots(&mut self, count: usize, bytes: usize) -> Result<()> {
+        check_slot_count(count)?;
         let slots = (0..count)
             .map(|_| PinnedBuffer::zeroed(self.device, bytes).map(HostSlot::Pinned))
             .collect::<Result<Vec<_>>>()?;
@@ -340,6 +345,7 @@ impl TransferBackend for StreamTransferBackend {
     }
 
     fn allocate_device_slots(&mut self, count: usize, bytes: usize) -> Result<()> {
+        check_slot_count(count)?;
         let mut slots = Vec::with_capacity(count);
         for _ in 0..count {
             let timing = if self.timing {
@@ -399,13 +405,17 @@ impl TransferBackend for StreamTransferBackend {
                 d.buffer.len()
             )));
         }
+        let (hp, dp) = (h.parts(), d.buffer.raw_parts());
+        // The copy stream waits for the slot's consumed point before anything else is queued:
+        // the timing then covers the copy alone, not the consumer's work, and an upload of 0
+        // bytes (no copy queued) still records `ready` after the consumer released the slot.
+        UseTracker::use_on(&self.copy_stream, &[dp.tracker], || Ok(()))?;
         if let Some((start, _)) = &d.timing {
             start.record(&self.copy_stream)?;
         }
-        let (hp, dp) = (h.parts(), d.buffer.raw_parts());
         // SAFETY: both ranges are inside their slots (checked above); the caller guarantees
-        // nothing else writes the device slot (Safety 1), and its tracker orders this copy after
-        // the consumer's released uses.
+        // nothing else writes the device slot (Safety 1), and the copy stream is ordered after
+        // the consumer's released uses (above).
         unsafe {
             copy_bytes(&self.copy_stream, (h.kind(), &hp, 0), (d.buffer.kind(), &dp, 0), bytes)?;
         }
@@ -449,6 +459,14 @@ impl TransferBackend for StreamTransferBackend {
     fn close(&self) -> Result<()> {
         self.copy_stream.synchronize()
     }
+}
+
+/// Refuses more slots than a ring has ([`MAX_RING_DEPTH`]) before anything is allocated.
+fn check_slot_count(count: usize) -> Result<()> {
+    if count > MAX_RING_DEPTH {
+        return Err(Error::invalid(format!("{count} slots exceed the most a ring has ({MAX_RING_DEPTH})")));
+    }
+    Ok(())
 }
 
 /// The transfer backend for `device` with `ring_depth` host and device slots still to be

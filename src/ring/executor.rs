@@ -14,6 +14,7 @@
 //! - Copies queued without waiting (the ring's pipelined fill, [`SlotRing::produce`]) are
 //!   crate-internal: whoever queues them keeps the memory alive until their latch is done.
 //! - Dropping the executor stops and joins its threads after the queued chunks.
+//! - An executor has 1 to [`MAX_PACK_THREADS`] threads; other counts are refused.
 //! - With a spin time ([`PackExecutor::with_spin`]), idle workers poll for the next chunk and
 //!   the caller polls for the last one for that long before they sleep. Waking a sleeping
 //!   thread costs tens of microseconds in a VM, as much as copying a 256 KiB chunk; a ring
@@ -29,6 +30,11 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::work_queue::WorkQueue;
+
+/// The most threads a [`PackExecutor`] starts. A copy stops scaling well before a thread per
+/// core (16 threads reach the host's copy bandwidth on the GPU machine); the cap turns a
+/// garbage count into an error instead of thousands of threads or an aborted allocation.
+pub const MAX_PACK_THREADS: usize = 1024;
 
 /// The smallest piece [`PackExecutor::copy`] hands to a worker thread.
 pub const MIN_CHUNK: usize = 256 << 10;
@@ -164,7 +170,8 @@ impl PackExecutor {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for 0 threads; failing to start a thread.
+    /// [`Error::InvalidArgument`] for 0 threads or more than [`MAX_PACK_THREADS`]; failing to
+    /// start a thread.
     pub fn new(threads: usize) -> Result<Self> {
         Self::with_spin(threads, Duration::ZERO)
     }
@@ -178,6 +185,11 @@ impl PackExecutor {
     pub fn with_spin(threads: usize, spin: Duration) -> Result<Self> {
         if threads == 0 {
             return Err(Error::invalid("a pack executor needs at least one thread"));
+        }
+        if threads > MAX_PACK_THREADS {
+            return Err(Error::invalid(format!(
+                "{threads} pack threads exceed the most an executor starts ({MAX_PACK_THREADS})"
+            )));
         }
         let mut pool = PackExecutor {
             chunks: Arc::new(WorkQueue::new()),

@@ -24,7 +24,9 @@ mod slot_ring;
 pub use backend::{
     build_transfer_backend, DeviceFamily, StreamTransferBackend, TransferBackend, TransferCapabilities,
 };
-pub use executor::{PackExecutor, MIN_CHUNK};
+pub use executor::{PackExecutor, MAX_PACK_THREADS, MIN_CHUNK};
 pub use layout::{ArrayLayout, DType, HasDType, SlotLayout, SlotMeta, SLOT_ALIGN};
 pub use produce::SlotFill;
-pub use slot_ring::{ConsumerSlot, ProducerSlot, RingOptions, RingStats, SlotRing, UploadTiming};
+pub use slot_ring::{
+    ConsumerSlot, ProducerSlot, RingOptions, RingStats, SlotRing, UploadTiming, MAX_RING_DEPTH,
+};

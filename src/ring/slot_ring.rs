@@ -20,6 +20,9 @@
 //!   every slot already published, then get [`Error::Closed`] (carrying the failure, if any).
 //! - Slots, guards and the ring share one allocation: memory lives until the last guard is
 //!   dropped, and is freed only after queued uploads finish.
+//! - The counters count a slot as published before any consumer can receive it.
+//! - A ring has at most [`MAX_RING_DEPTH`] slots, and `depth * slot_bytes` must fit a `usize`:
+//!   larger requests are refused before anything is allocated.
 //!
 //! # Examples
 //!
@@ -51,6 +54,11 @@ use crate::device::Device;
 use crate::error::{record_drop_error, Error, Result};
 use crate::memory::{DeviceBuffer, MemoryKind};
 use crate::stream::Stream;
+
+/// The most slots a ring has. Depths past a handful buy no bandwidth (two slots overlap the
+/// fill with the upload; the benchmarks sweep 2 to 8); the cap turns a garbage depth into an
+/// error instead of an allocation loop that exhausts memory.
+pub const MAX_RING_DEPTH: usize = 4096;
 
 /// How a ring is built.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -248,10 +256,23 @@ impl SlotRing {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for a depth or slot size of 0; allocation failures.
+    /// [`Error::InvalidArgument`] for a depth or slot size of 0, a depth over
+    /// [`MAX_RING_DEPTH`], or slots whose total size overflows; allocation failures.
     pub fn new(device: Device, options: RingOptions) -> Result<Self> {
         if options.slot_bytes == 0 {
             return Err(Error::invalid("ring slots must hold at least one byte"));
+        }
+        if options.depth > MAX_RING_DEPTH {
+            return Err(Error::invalid(format!(
+                "ring depth {} exceeds the most slots a ring has ({MAX_RING_DEPTH})",
+                options.depth
+            )));
+        }
+        if options.depth.checked_mul(options.slot_bytes).is_none() {
+            return Err(Error::invalid(format!(
+                "{} slots of {} bytes overflow the address space",
+                options.depth, options.slot_bytes
+            )));
         }
         let mut backend = if options.timing {
             if options.depth == 0 {
@@ -604,17 +625,26 @@ impl ProducerSlot {
         // consumers drain it) or fails with `Closed`, never after a consumer found the ring
         // closed and empty (that slot would never be released). A slot refused here goes back
         // on drop like an abandoned one; its upload is queued ahead of any later one.
+        // The counters move before the send: a consumer that received the item and reads
+        // the stats sees it counted.
         let queued = {
             let open = s.close_tx.lock().unwrap_or_else(|e| e.into_inner());
-            open.is_some() && s.ready.0.send(Published { device: self.device, meta, submit }).is_ok()
+            open.is_some() && {
+                s.published.fetch_add(1, Ordering::Relaxed);
+                s.bytes.fetch_add(bytes, Ordering::Relaxed);
+                let sent = s.ready.0.send(Published { device: self.device, meta, submit }).is_ok();
+                if !sent {
+                    s.published.fetch_sub(1, Ordering::Relaxed);
+                    s.bytes.fetch_sub(bytes, Ordering::Relaxed);
+                }
+                sent
+            }
         };
         if !queued {
             return Err(s.closed_error());
         }
         self.done = true;
         s.return_host(self.host);
-        s.published.fetch_add(1, Ordering::Relaxed);
-        s.bytes.fetch_add(bytes, Ordering::Relaxed);
         Ok(())
     }
 }
