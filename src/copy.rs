@@ -29,6 +29,7 @@
 use crate::cuda::memory::{self as raw, CopyKind};
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::event::Event;
 use crate::memory::sealed::RawParts;
 use crate::memory::tracker::UseTracker;
 use crate::memory::{check_host_stream_access, Element, Memory, MemoryKind};
@@ -126,14 +127,42 @@ pub(crate) unsafe fn copy_bytes(
     (dst_kind, d, dst_offset): (MemoryKind, &RawParts<'_>, usize),
     bytes: usize,
 ) -> Result<CopyDirection> {
-    let direction = direction(stream.device(), src_kind, dst_kind)?;
     if bytes == 0 {
-        return Ok(direction);
+        return direction(stream.device(), src_kind, dst_kind);
     }
+    // SAFETY: the caller's contract, unchanged.
+    unsafe { copy_bytes_marked(stream, (src_kind, s, src_offset), (dst_kind, d, dst_offset), bytes, None) }
+}
+
+/// Like [`copy_bytes`], with a pair of events recorded on `stream` right before and right
+/// after the copy, inside the same tracked use: after the stream waited for the earlier uses
+/// of both memories, so the pair times the copy alone. A copy of 0 bytes still queues the
+/// waits, the events and the use (the destination's next use is ordered after its last one).
+///
+/// # Safety
+///
+/// As [`copy_bytes`].
+pub(crate) unsafe fn copy_bytes_marked(
+    stream: &Stream,
+    (src_kind, s, src_offset): (MemoryKind, &RawParts<'_>, usize),
+    (dst_kind, d, dst_offset): (MemoryKind, &RawParts<'_>, usize),
+    bytes: usize,
+    marks: Option<(&Event, &Event)>,
+) -> Result<CopyDirection> {
+    let direction = direction(stream.device(), src_kind, dst_kind)?;
     let src_ptr = s.ptr.wrapping_add(src_offset);
     let dst_ptr = d.ptr.wrapping_add(dst_offset);
     UseTracker::use_on(stream, &[s.tracker, d.tracker], || {
-        enqueue(stream, direction, (src_kind, src_ptr), (dst_kind, dst_ptr), bytes)
+        if let Some((before, _)) = marks {
+            before.record(stream)?;
+        }
+        if bytes > 0 {
+            enqueue(stream, direction, (src_kind, src_ptr), (dst_kind, dst_ptr), bytes)?;
+        }
+        match marks {
+            Some((_, after)) => after.record(stream),
+            None => Ok(()),
+        }
     })?;
     Ok(direction)
 }

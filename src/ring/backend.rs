@@ -17,7 +17,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::copy::copy_bytes;
+use crate::copy::copy_bytes_marked;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::event::Event;
@@ -406,21 +406,19 @@ impl TransferBackend for StreamTransferBackend {
             )));
         }
         let (hp, dp) = (h.parts(), d.buffer.raw_parts());
-        // The copy stream waits for the slot's consumed point before anything else is queued:
-        // the timing then covers the copy alone, not the consumer's work, and an upload of 0
-        // bytes (no copy queued) still records `ready` after the consumer released the slot.
-        UseTracker::use_on(&self.copy_stream, &[dp.tracker], || Ok(()))?;
-        if let Some((start, _)) = &d.timing {
-            start.record(&self.copy_stream)?;
-        }
+        let marks = d.timing.as_ref().map(|(start, end)| (start, end));
         // SAFETY: both ranges are inside their slots (checked above); the caller guarantees
-        // nothing else writes the device slot (Safety 1), and the copy stream is ordered after
-        // the consumer's released uses (above).
+        // nothing else writes the device slot (Safety 1). The copy (and its timing) is queued
+        // after the copy stream waited for the slot's consumed point; with 0 bytes the wait is
+        // still queued, so `ready` below never comes before the consumer's release.
         unsafe {
-            copy_bytes(&self.copy_stream, (h.kind(), &hp, 0), (d.buffer.kind(), &dp, 0), bytes)?;
-        }
-        if let Some((_, end)) = &d.timing {
-            end.record(&self.copy_stream)?;
+            copy_bytes_marked(
+                &self.copy_stream,
+                (h.kind(), &hp, 0),
+                (d.buffer.kind(), &dp, 0),
+                bytes,
+                marks,
+            )?;
         }
         d.ready.record(&self.copy_stream)?;
         Ok(started.elapsed())
