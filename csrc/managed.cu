@@ -31,7 +31,8 @@ cuferry_status cuferry_cuda_managed_pool_create(int32_t device, int32_t prefer_d
   unsigned long long threshold = release_threshold;
   cuferry_status s = cf_check(cudaMemPoolSetAttribute(p, cudaMemPoolAttrReleaseThreshold, &threshold));
   if (s != CUFERRY_STATUS_SUCCESS) {
-    (void)cudaMemPoolDestroy(p);
+    // Left alive, not destroyed: managed pools are never destroyed (src/managed/pool.rs, a
+    // driver crash in cuMemPoolDestroy). This pool was never allocated from; it leaks.
     (void)cudaGetLastError();
     return s;
   }

@@ -49,7 +49,11 @@
  *   error pending, and sets the thread's last error message.
  * - Pointers handed out are registered: freeing an unknown pointer, or twice, is reported (as
  *   the last error message) and does nothing. Prefetch and advice check that every range lies
- *   inside one live cuferry allocation, or is managed memory from elsewhere (probed).
+ *   inside one live cuferry allocation, or is managed memory from elsewhere (probed: both
+ *   ends managed, on one device). The probe cannot tell memory cuferry freed, still mapped in
+ *   its CUDA pool, from foreign managed memory: a stale pointer into a CUDA pool is accepted
+ *   there (on the host pool it is refused). Batched calls take at most
+ *   `CUFERRY_MANAGED_MAX_BATCH` ranges.
  * - Device -1 is the host backend's pool (plain host memory; prefetch to the host and advice
  *   are no-ops there).
  */
@@ -123,6 +127,12 @@
  * Advice: accessed by the location's device (unset).
  */
 #define CUFERRY_ADVISE_UNSET_ACCESSED_BY 6
+
+/**
+ * The most ranges one batched call takes (2^24: far past any real batch; a larger count is
+ * taken for garbage).
+ */
+#define CUFERRY_MANAGED_MAX_BATCH 16777216
 
 /**
  * Result of a C ABI call.
@@ -560,7 +570,8 @@ void *cuferry_managed_malloc(ssize_t size, int device, void *stream);
  * # Safety
  *
  * `stream` is a live `cudaStream_t` (or NULL); every use of `ptr` is queued on it before this
- * call or has finished.
+ * call or has finished. A stream other than the allocation's must be ordered after the
+ * allocation (as CUDA requires of `cudaFreeAsync`); PyTorch passes the allocation's stream.
  */
 void cuferry_managed_free(void *ptr, ssize_t size, int device, void *stream);
 
@@ -578,7 +589,8 @@ enum CuferryStatus cuferry_managed_prefetch(const void *ptr,
 
 /**
  * Prefetches `count` ranges to `location` in ONE batched call, queued on `stream` (on the
- * legacy default stream, NULL, CUDA allows no batch: one call per range there).
+ * legacy default stream, NULL, CUDA allows no batch: one call per range there). `count` is at
+ * most `CUFERRY_MANAGED_MAX_BATCH` (`CUFERRY_STATUS_INVALID_ARGUMENT` beyond).
  *
  * # Safety
  *

@@ -125,3 +125,27 @@ fn ring_create_refuses_garbage_sizes() {
         assert_eq!(out, sentinel, "cuferry_ring_create wrote *out although it failed");
     }
 }
+
+/// A garbage range count to a batched managed call is refused (INVALID_ARGUMENT), not a
+/// capacity-overflow panic or an aborted allocation.
+#[test]
+fn managed_batches_refuse_garbage_counts() {
+    // SAFETY: a plain allocation on the host pool.
+    let p = unsafe { cuferry_managed_malloc(64, CUFERRY_HOST, ptr::null_mut()) };
+    assert!(!p.is_null());
+    let (ptrs, sizes) = ([p.cast_const()], [64usize]);
+    let host = CuferryLocation { kind: CUFERRY_LOCATION_HOST, id: 0 };
+    for count in [usize::MAX, usize::MAX / 8, 1 << 40, CUFERRY_MANAGED_MAX_BATCH + 1] {
+        // SAFETY: the count is refused before the arrays are read.
+        let status = unsafe {
+            cuferry_managed_prefetch_batch(ptrs.as_ptr(), sizes.as_ptr(), count, host, ptr::null_mut())
+        };
+        assert_eq!(status, CuferryStatus::InvalidArgument, "count {count}");
+    }
+    // SAFETY: one valid range.
+    let status =
+        unsafe { cuferry_managed_prefetch_batch(ptrs.as_ptr(), sizes.as_ptr(), 1, host, ptr::null_mut()) };
+    assert_eq!(status, CuferryStatus::Ok);
+    // SAFETY: allocated above, no use pending.
+    unsafe { cuferry_managed_free(p, 64, CUFERRY_HOST, ptr::null_mut()) };
+}

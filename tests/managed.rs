@@ -195,6 +195,40 @@ fn bulk_round_trip(device: Device) {
     }
 }
 
+/// A stats snapshot taken while other threads allocate and free never shows more in use than
+/// its high-water mark (the two counters move in separate steps).
+fn stats_snapshots_are_consistent(device: Device) {
+    let pool = pool(device);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let workers: Vec<_> = (0..2)
+        .map(|_| {
+            let (pool, stop) = (pool.clone(), std::sync::Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let stream = Stream::new(device).unwrap();
+                let mut len = 4096usize;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    // SAFETY: the buffer is dropped unread.
+                    drop(unsafe { pool.alloc_uninit::<u8>(len, &stream) }.unwrap());
+                    len = if len >= 64 << 20 { 4096 } else { len + 4096 };
+                }
+            })
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    let mut torn = None;
+    while torn.is_none() && started.elapsed() < std::time::Duration::from_secs(2) {
+        let s = pool.stats().unwrap();
+        if s.used_current > s.used_high || s.reserved_current > s.reserved_high {
+            torn = Some(s);
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for w in workers {
+        w.join().unwrap();
+    }
+    assert!(torn.is_none(), "a snapshot shows more in use than its high-water mark: {torn:?}");
+}
+
 on_both_backends! {
     stats_and_reuse => stats_and_reuse;
     concurrent_threads => concurrent_threads;
@@ -202,6 +236,7 @@ on_both_backends! {
     bulk_dedup => bulk_dedup;
     data_through_prefetch => data_through_prefetch;
     bulk_round_trip => bulk_round_trip;
+    stats_snapshots_are_consistent => stats_snapshots_are_consistent;
 }
 
 #[test]

@@ -8,7 +8,11 @@
 //!   error pending, and sets the thread's last error message.
 //! - Pointers handed out are registered: freeing an unknown pointer, or twice, is reported (as
 //!   the last error message) and does nothing. Prefetch and advice check that every range lies
-//!   inside one live cuferry allocation, or is managed memory from elsewhere (probed).
+//!   inside one live cuferry allocation, or is managed memory from elsewhere (probed: both
+//!   ends managed, on one device). The probe cannot tell memory cuferry freed, still mapped in
+//!   its CUDA pool, from foreign managed memory: a stale pointer into a CUDA pool is accepted
+//!   there (on the host pool it is refused). Batched calls take at most
+//!   `CUFERRY_MANAGED_MAX_BATCH` ranges.
 //! - Device -1 is the host backend's pool (plain host memory; prefetch to the host and advice
 //!   are no-ops there).
 
@@ -157,7 +161,8 @@ pub unsafe extern "C" fn cuferry_managed_malloc(
 /// # Safety
 ///
 /// `stream` is a live `cudaStream_t` (or NULL); every use of `ptr` is queued on it before this
-/// call or has finished.
+/// call or has finished. A stream other than the allocation's must be ordered after the
+/// allocation (as CUDA requires of `cudaFreeAsync`); PyTorch passes the allocation's stream.
 #[no_mangle]
 pub unsafe extern "C" fn cuferry_managed_free(
     ptr: *mut c_void,
@@ -179,7 +184,10 @@ pub unsafe extern "C" fn cuferry_managed_free(
         let freed = pool_for(dev).and_then(|pool| {
             let s = (pool.kind() == PoolKind::ManagedPool).then(|| raw_stream(stream));
             // SAFETY: the registry proves `ptr` came from this pool with `bytes` and frees it
-            // once; the caller orders every use before this point on `stream`.
+            // once. Every use is finished or queued on `stream` (the caller's contract): a
+            // CUDA pool frees in order on it; the `cudaMallocManaged` fallback's `cudaFree`
+            // synchronizes the device first; the host pool (device -1) gets no queued work
+            // through the C ABI, so its uses are the caller's host accesses, finished.
             unsafe { pool.inner.free_raw(ptr.cast(), bytes, s) }
         });
         if freed.is_err() {
@@ -273,6 +281,11 @@ fn host_only(location: Location, what: &str) -> Result<()> {
     }
 }
 
+/// The most ranges one batched call takes (2^24: far past any real batch; a larger count is
+/// taken for garbage).
+pub const CUFERRY_MANAGED_MAX_BATCH: usize = 16_777_216;
+const MAX_BATCH_RANGES: usize = CUFERRY_MANAGED_MAX_BATCH;
+
 /// Reads `count` ranges from two C arrays.
 ///
 /// # Safety
@@ -289,14 +302,27 @@ unsafe fn ranges_of(
     if ptrs.is_null() || sizes.is_null() {
         return Err(Error::invalid("ptrs or sizes is NULL"));
     }
+    // No two arrays of more elements fit in memory: a garbage count is refused before the
+    // copy below tries to allocate for it (which would abort the process).
+    if count > MAX_BATCH_RANGES {
+        return Err(Error::invalid(format!(
+            "{count} ranges exceed the most one batch takes ({MAX_BATCH_RANGES})"
+        )));
+    }
+    let mut ranges = Vec::new();
+    ranges
+        .try_reserve_exact(count)
+        .map_err(|e| Error::unsupported(format!("no memory for {count} ranges: {e}")))?;
     // SAFETY: the caller's contract: `count` readable elements each.
     let (p, s) =
         unsafe { (std::slice::from_raw_parts(ptrs, count), std::slice::from_raw_parts(sizes, count)) };
-    Ok(p.iter().copied().zip(s.iter().copied()).collect())
+    ranges.extend(p.iter().copied().zip(s.iter().copied()));
+    Ok(ranges)
 }
 
 /// Prefetches `count` ranges to `location` in ONE batched call, queued on `stream` (on the
-/// legacy default stream, NULL, CUDA allows no batch: one call per range there).
+/// legacy default stream, NULL, CUDA allows no batch: one call per range there). `count` is at
+/// most `CUFERRY_MANAGED_MAX_BATCH` (`CUFERRY_STATUS_INVALID_ARGUMENT` beyond).
 ///
 /// # Safety
 ///

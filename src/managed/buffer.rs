@@ -280,12 +280,19 @@ impl<T: Element> Drop for ManagedBuffer<T> {
     fn drop(&mut self) {
         let bytes = self.bytes();
         let freed = match self.pool.kind {
-            PoolKind::ManagedPool => match self.tracker.last_stream().map(|s| s.cuda_raw()) {
+            PoolKind::ManagedPool => match self
+                .tracker
+                .last_stream()
+                .filter(|s| s.device() == self.pool.device)
+                .map(|s| s.cuda_raw())
+            {
                 // Free in stream order after the last use: no host wait.
                 // SAFETY: every use is queued on (or ordered before) the last-use stream.
                 Some(Ok(stream)) => unsafe { self.pool.free_raw(self.ptr, bytes, Some(stream)) },
-                // Last used on a host stream (managed memory is host-accessible): wait for that
-                // use, then free in order on the CUDA stream it was allocated on.
+                // Last used on a host stream (managed memory is host-accessible) or on another
+                // device's stream (whose queued free the pool's recycling, which synchronizes
+                // only the pool's device, would not wait for): wait for that use, then free in
+                // order on the CUDA stream it was allocated on.
                 _ => self.tracker.wait_idle().and_then(|()| {
                     let origin = self.tracker.origin().map(Stream::cuda_raw).transpose()?;
                     // SAFETY: every use has finished; the free needs a CUDA stream (else an error).

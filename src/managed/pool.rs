@@ -186,6 +186,9 @@ impl PoolInner {
         bytes: usize,
         stream: Option<RawStream>,
     ) -> Result<()> {
+        // Uncounted before the memory is returned: an allocation that reuses it at once is not
+        // counted on top of it (the high-water mark would overstate the peak).
+        self.used.fetch_sub(bytes as u64, Ordering::AcqRel);
         let freed = match (self.kind, self.device) {
             (PoolKind::ManagedPool, _) => {
                 let s = stream.ok_or_else(|| Error::invalid("a managed pool free needs a CUDA stream"))?;
@@ -202,8 +205,8 @@ impl PoolInner {
             }),
         };
         // Memory a failed free leaves allocated stays counted as used.
-        if freed.is_ok() {
-            self.used.fetch_sub(bytes as u64, Ordering::AcqRel);
+        if freed.is_err() {
+            self.used.fetch_add(bytes as u64, Ordering::AcqRel);
         }
         freed
     }
@@ -218,7 +221,10 @@ impl PoolInner {
                 used_high: s.used_high,
             });
         }
-        let (used, high) = (self.used.load(Ordering::Acquire), self.used_high.load(Ordering::Acquire));
+        // Read apart, the two may straddle an allocation that raised `used` but not yet the
+        // mark: a snapshot never shows more in use than its high-water mark.
+        let used = self.used.load(Ordering::Acquire);
+        let high = self.used_high.load(Ordering::Acquire).max(used);
         Ok(PoolStats { reserved_current: used, reserved_high: high, used_current: used, used_high: high })
     }
 }
