@@ -149,3 +149,25 @@ fn managed_batches_refuse_garbage_counts() {
     // SAFETY: allocated above, no use pending.
     unsafe { cuferry_managed_free(p, 64, CUFERRY_HOST, ptr::null_mut()) };
 }
+
+/// The same empty exchange through the C ABI: a zero extent with huge other extents builds a
+/// packer (status OK), not a caught overflow panic (debug builds).
+#[test]
+fn halo_packer_of_a_zero_extent_exchange_is_ok() {
+    let mut e = exchange_1d();
+    e.ndim = 3;
+    e.shape[..3].copy_from_slice(&[1 << 40, 1 << 40, 0]);
+    e.strides[..3].copy_from_slice(&[1, 1, 1]);
+    e.x_dim = 0;
+    e.y_dim = 1;
+    e.pack_start = [0; CUFERRY_HALO_MAX_DIMS];
+    e.unpack_start = [0; CUFERRY_HALO_MAX_DIMS];
+    e.pack_end = e.shape;
+    e.unpack_end = e.shape;
+    let mut packer: *mut CuferryHaloPacker = ptr::null_mut();
+    // SAFETY: one valid exchange and a writable out-parameter.
+    let status = unsafe { cuferry_halo_packer_create(CUFERRY_HOST, &e, 1, &mut packer) };
+    assert_eq!(status, CuferryStatus::Ok);
+    // SAFETY: the packer is live and not used again.
+    assert_eq!(unsafe { cuferry_halo_packer_destroy(packer) }, CuferryStatus::Ok);
+}

@@ -882,6 +882,22 @@ fn huge_accepted_strides_build_a_packer() {
     }
 }
 
+/// An array with a zero extent skips the size checks, so its other extents may be huge: the
+/// packer still builds (an empty exchange) without overflowing an element count (debug builds
+/// panicked in the rotation's element count).
+#[test]
+fn a_zero_extent_with_huge_other_extents_builds_an_empty_packer() {
+    let big = 1usize << 40;
+    let spec = HaloSpec::new(ElementType::F64, &[big, big, 0], &[1, 1, 1], HorizontalDims::xy(0, 1)).unwrap();
+    let region = [0..big, 0..big, 0..0];
+    for rotation in 0..4 {
+        let ex = HaloExchange::new(&spec, &region, rotation, &region).unwrap();
+        assert_eq!(ex.elements(), 0);
+        let packer = HaloPacker::new(Device::Host, &[ex], None).unwrap();
+        assert_eq!(packer.buffer_bytes(), 0, "rotation {rotation}");
+    }
+}
+
 #[test]
 fn bad_arrays_are_invalid_arguments_and_queue_nothing() {
     let stream = Stream::new(Device::Host).unwrap();

@@ -202,7 +202,7 @@ impl SeedBaseline {
 /// The rotated pack region's elements, in pack order, as indices into the array.
 fn flat_indices(ex: &HaloExchange) -> Result<Vec<i32>> {
     let view = ex.pack_view();
-    let n: usize = view.shape.iter().product();
+    let n = super::spec::box_elements(view.shape.iter().copied());
     let mut out = Vec::with_capacity(n);
     if n == 0 {
         return Ok(out);

@@ -4,8 +4,10 @@
 //! Rules:
 //! - The table holds absolute array addresses, so it is built (and, read from device memory,
 //!   uploaded) when a packer first runs and again only when the arrays' addresses change (a
-//!   time step passing the same arrays uploads nothing). The upload is a tracked copy, so it
-//!   waits for launches still reading the old table.
+//!   time step passing the same arrays uploads nothing). Two tables stay in device memory, so
+//!   alternating between two sets of arrays (double buffering) uploads nothing either once
+//!   both are there. An upload is queued from pinned staging as a tracked copy, ordered after
+//!   launches still reading the table it replaces; the host does not wait for those launches.
 //! - [`DescriptorPlacement`] says where the kernel reads the table: device memory (the
 //!   default) or, up to [`MAX_INLINE_DESCRIPTORS`], the launch's parameters (copied by each
 //!   launch, with each block's first descriptor computed on the host: no upload, and a block
@@ -14,7 +16,7 @@
 //! - Access units: rows contiguous on both sides move in units of up to 16 bytes when the row
 //!   length, every outer stride and both start addresses allow it; everything else element by
 //!   element (atoms of 1 to 8 bytes).
-//! - Limits checked here, before anything is queued: extents and units per transfer fit the
+//! - Limits checked here when the packer is built: extents and units per transfer fit the
 //!   kernel's 31-bit indices. Each descriptor carries the multiply-shift constants of its
 //!   extents ([`divisor`]), so the kernel divides without a division instruction.
 
@@ -22,10 +24,11 @@ use std::os::raw::c_void;
 
 use super::plan::Transfer;
 use super::spec::ElemKind;
+use crate::copy::copy_range;
 use crate::cuda::halo::{self as raw, HaloDirection};
 use crate::error::{Error, Result};
 use crate::memory::sealed::Sealed;
-use crate::memory::DeviceBuffer;
+use crate::memory::{DeviceBuffer, PinnedBuffer};
 use crate::stream::Stream;
 use crate::sys;
 
@@ -67,34 +70,68 @@ pub const MAX_INLINE_DESCRIPTORS: usize = raw::INLINE_MAX_DESC;
 #[derive(Debug)]
 struct Built {
     /// The array addresses and packed address they were built for.
-    key: (Vec<usize>, usize),
+    key: TableKey,
     table: Vec<sys::cuferry_halo_desc>,
     total_units: u64,
 }
+
+/// The array addresses (one per transfer) and the packed buffer's address of a table.
+type TableKey = (Vec<usize>, usize);
+
+/// One table in device memory, with the pinned staging its upload is copied from.
+#[derive(Debug)]
+struct TableCopy {
+    buf: DeviceBuffer<u8>,
+    /// Allocated at the first upload into this copy.
+    staging: Option<PinnedBuffer<u8>>,
+    /// The addresses of the table in `buf` (None: nothing valid uploaded).
+    key: Option<TableKey>,
+}
+
+/// How many tables in device memory a [`DeviceTable`] keeps: two, so a caller alternating
+/// between two sets of arrays (double buffering) uploads nothing once both are there.
+const TABLE_COPIES: usize = 2;
 
 /// A packer's descriptor table for one direction: built on the host for the addresses of the
 /// last call, and copied to device memory when the kernel reads it from there.
 #[derive(Debug)]
 pub(crate) struct DeviceTable {
-    buf: DeviceBuffer<u8>,
+    /// At most [`TABLE_COPIES`]; the first is allocated with the table.
+    copies: Vec<TableCopy>,
+    /// The copy bound last (the one the next launch reads).
+    current: usize,
     n_desc: usize,
     built: Option<Built>,
-    /// The key of the table in `buf` (None: nothing valid uploaded).
-    uploaded: Option<(Vec<usize>, usize)>,
 }
 
 impl DeviceTable {
-    /// Room for `n_desc` descriptors on `stream`'s device (nothing uploaded yet).
-    pub(crate) fn new(stream: &Stream, n_desc: usize) -> Result<Self> {
+    /// Room for the descriptors of `transfers` on `stream`'s device (nothing uploaded yet).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when a transfer exceeds the kernel's 31-bit limits (checked
+    /// here, at the packer's construction, for the narrowest access unit: any wider one
+    /// divides the counts); allocation errors.
+    pub(crate) fn new(stream: &Stream, transfers: &[Transfer]) -> Result<Self> {
+        for t in transfers {
+            check_limits(t)?;
+        }
+        let n_desc = transfers.len();
+        Ok(DeviceTable { copies: vec![Self::copy(stream, n_desc)?], current: 0, n_desc, built: None })
+    }
+
+    fn copy(stream: &Stream, n_desc: usize) -> Result<TableCopy> {
         let bytes =
             n_desc.checked_mul(DESC_BYTES).ok_or_else(|| Error::invalid("too many halo descriptors"))?;
-        Ok(DeviceTable { buf: DeviceBuffer::zeroed(stream, bytes)?, n_desc, built: None, uploaded: None })
+        Ok(TableCopy { buf: DeviceBuffer::zeroed(stream, bytes)?, staging: None, key: None })
     }
 
     /// Makes the table describe `arrays` (one base address per transfer) and `packed`: builds
-    /// it when they changed and, for [`DescriptorPlacement::DeviceMemory`], uploads it when the
-    /// uploaded one is for other addresses (a tracked copy, ordered after launches still
-    /// reading the old table).
+    /// it when they changed and, for [`DescriptorPlacement::DeviceMemory`], selects the device
+    /// copy holding it, or uploads it into the copy used least recently. The upload is queued
+    /// (from pinned staging, a tracked copy ordered after launches still reading that copy);
+    /// the host waits only for that copy's previous upload to finish before rewriting its
+    /// staging.
     pub(crate) fn bind(
         &mut self,
         stream: &Stream,
@@ -103,7 +140,7 @@ impl DeviceTable {
         packed: *mut u8,
         placement: DescriptorPlacement,
     ) -> Result<()> {
-        let key: (Vec<usize>, usize) = (arrays.iter().map(|p| *p as usize).collect(), packed as usize);
+        let key: TableKey = (arrays.iter().map(|p| *p as usize).collect(), packed as usize);
         if self.built.as_ref().map(|b| &b.key) != Some(&key) {
             self.built = None;
             let (table, total_units) = build(transfers, arrays, packed)?;
@@ -112,25 +149,49 @@ impl DeviceTable {
             }
             self.built = Some(Built { key: key.clone(), table, total_units });
         }
-        if placement == DescriptorPlacement::DeviceMemory && self.uploaded.as_ref() != Some(&key) {
-            let Some(built) = &self.built else {
-                return Err(Error::invalid("internal: no halo table built"));
-            };
-            // SAFETY: `cuferry_halo_desc` is repr(C) with integer fields only and no padding
-            // (the const assertion above), so every byte of the vector is initialised.
-            let bytes = unsafe {
-                std::slice::from_raw_parts(built.table.as_ptr().cast::<u8>(), built.table.len() * DESC_BYTES)
-            };
-            self.uploaded = None;
-            self.buf.copy_from_slice(stream, bytes)?;
-            self.uploaded = Some(key);
+        if placement != DescriptorPlacement::DeviceMemory {
+            return Ok(());
         }
+        if let Some(i) = self.copies.iter().position(|c| c.key.as_ref() == Some(&key)) {
+            self.current = i;
+            return Ok(());
+        }
+        let Some(built) = &self.built else {
+            return Err(Error::invalid("internal: no halo table built"));
+        };
+        // An empty copy, else a new one (the second is allocated the first time it is
+        // needed), else the copy not bound last.
+        let target = if let Some(empty) = self.copies.iter().position(|c| c.key.is_none()) {
+            empty
+        } else if self.copies.len() < TABLE_COPIES {
+            self.copies.push(Self::copy(stream, self.n_desc)?);
+            self.copies.len() - 1
+        } else {
+            (self.current + 1) % TABLE_COPIES
+        };
+        let copy = &mut self.copies[target];
+        copy.key = None;
+        // SAFETY: `cuferry_halo_desc` is repr(C) with integer fields only and no padding
+        // (the const assertion above), so every byte of the vector is initialised.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(built.table.as_ptr().cast::<u8>(), built.table.len() * DESC_BYTES)
+        };
+        let staging = match &mut copy.staging {
+            Some(staging) => staging,
+            None => copy.staging.insert(PinnedBuffer::zeroed(stream.device(), bytes.len())?),
+        };
+        // Waits for this staging's previous upload only.
+        staging.as_mut_slice()?.copy_from_slice(bytes);
+        copy_range(stream, &*staging, 0, &mut copy.buf, 0, bytes.len())?;
+        copy.key = Some(key);
+        self.current = target;
         Ok(())
     }
 
-    /// The table's device buffer (its tracker must record every launch that reads it).
+    /// The device buffer of the table bound last (its tracker must record every launch that
+    /// reads it).
     pub(crate) fn buffer(&self) -> &DeviceBuffer<u8> {
-        &self.buf
+        &self.copies[self.current].buf
     }
 
     /// Queues the one launch over the bound table, read from where `placement` says.
@@ -155,7 +216,7 @@ impl DeviceTable {
         let raw_stream = stream.cuda_raw()?;
         match placement {
             DescriptorPlacement::DeviceMemory => {
-                let table = self.buf.raw_parts().ptr.cast::<sys::cuferry_halo_desc>().cast_const();
+                let table = self.buffer().raw_parts().ptr.cast::<sys::cuferry_halo_desc>().cast_const();
                 // SAFETY: the uploaded table was built for these addresses (precondition 1) by
                 // `build`, which checked every limit; the caller keeps everything alive through
                 // the trackers.
@@ -238,6 +299,20 @@ fn packed_row_major(t: &Transfer) -> bool {
         expect *= t.extent[d] as isize;
     }
     true
+}
+
+/// The kernel's 31-bit limits for a transfer moved atom by atom, the most units it can take:
+/// the unit count, a row's units and every extent fit an `i32`.
+fn check_limits(t: &Transfer) -> Result<()> {
+    let nd = t.extent.len();
+    i32::try_from(t.atoms()).map_err(|_| too_large("units"))?;
+    if let Some(&row) = t.extent.get(nd.wrapping_sub(1)) {
+        i32::try_from(row).map_err(|_| too_large("a row"))?;
+    }
+    for &e in &t.extent {
+        i32::try_from(e).map_err(|_| too_large("an extent"))?;
+    }
+    Ok(())
 }
 
 fn too_large(what: &str) -> Error {
@@ -515,5 +590,63 @@ mod tests {
         let ex = HaloExchange::new(&spec, &[0..192, 3..253, 3..6], 1, &[0..192, 0..3, 3..253]).unwrap();
         check_against_reference(&mut rng, &[ex], false, "long quarter turn", &mut seen);
         assert!(seen.most_units > 1 << 17, "a long descriptor: {} units", seen.most_units);
+    }
+
+    /// The device copies of a table, run on the host backend (the table logic is the same; only
+    /// the launch needs CUDA): each bound set of addresses is what the selected copy holds,
+    /// alternating between two sets uploads nothing once both are there, and a third set
+    /// replaces the copy bound least recently.
+    #[test]
+    fn tables_alternate_between_two_copies_and_hold_what_was_built() {
+        let spec = HaloSpec::contiguous(ElementType::F64, &[6, 5], HorizontalDims::xy(1, 0)).unwrap();
+        let xs = [
+            HaloExchange::new(&spec, &[0..6, 0..1], 0, &[0..6, 4..5]).unwrap(),
+            HaloExchange::new(&spec, &[0..1, 0..5], 2, &[5..6, 0..5]).unwrap(),
+        ];
+        let plan = Plan::new(&xs, None).unwrap();
+        let stream = Stream::new(crate::device::Device::Host).unwrap();
+        let mut table = DeviceTable::new(&stream, &plan.pack).unwrap();
+        let sets: Vec<Vec<*mut u8>> = (1..=3usize)
+            .map(|k| plan.pack.iter().enumerate().map(|(i, _)| (k << 20 | i << 12) as *mut u8).collect())
+            .collect();
+        let packed = (1usize << 30) as *mut u8;
+        let placement = DescriptorPlacement::DeviceMemory;
+        // (set bound, copy expected to hold it, whether an upload is expected)
+        let steps = [
+            (0, 0, true),
+            (1, 1, true),
+            (0, 0, false),
+            (1, 1, false),
+            (2, 0, true),
+            (1, 1, false),
+            (0, 0, true),
+        ];
+        for (step, &(set, copy, uploads)) in steps.iter().enumerate() {
+            let before: Vec<Option<TableKey>> = table.copies.iter().map(|c| c.key.clone()).collect();
+            table.bind(&stream, &plan.pack, &sets[set], packed, placement).unwrap();
+            assert_eq!(table.current, copy, "step {step}: the copy bound");
+            let after: Vec<Option<TableKey>> = table.copies.iter().map(|c| c.key.clone()).collect();
+            assert_eq!(before != after, uploads, "step {step}: uploaded {before:?} -> {after:?}");
+            let (want, _) = build(&plan.pack, &sets[set], packed).unwrap();
+            // SAFETY: as in `bind`: integer fields, no padding.
+            let want =
+                unsafe { std::slice::from_raw_parts(want.as_ptr().cast::<u8>(), want.len() * DESC_BYTES) };
+            assert!(table.buffer().to_vec(&stream).unwrap() == want, "step {step}: the bound copy's bytes");
+        }
+        assert_eq!(table.copies.len(), TABLE_COPIES);
+    }
+
+    /// A region past the kernel's 31-bit limits is refused when the table is made (the packer
+    /// is built), not at its first launch.
+    #[test]
+    fn tables_refuse_regions_past_the_kernel_limits() {
+        let big = (1usize << 31) + 8;
+        let spec = HaloSpec::contiguous(ElementType::F64, &[big], HorizontalDims::none()).unwrap();
+        let whole = [0..big];
+        let ex = HaloExchange::new(&spec, &whole, 0, &whole).unwrap();
+        let plan = Plan::new(&[ex], None).unwrap();
+        let stream = Stream::new(crate::device::Device::Host).unwrap();
+        let err = DeviceTable::new(&stream, &plan.pack).unwrap_err();
+        assert!(format!("{err}").contains("2^31 - 1"), "{err}");
     }
 }

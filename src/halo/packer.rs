@@ -3,14 +3,16 @@
 //! Rules (see also the [halo module](super)):
 //! - Built once per exchange set: the layout and the transfers are computed at construction
 //!   (and on CUDA uploaded to the device at the first call, again only when the arrays'
-//!   addresses change).
+//!   addresses change to ones not among the last two sets).
 //! - `pack` and `unpack` check every array (element type, device, length covering the spec's
 //!   strided extent) before queueing anything, then queue the work on the packer's stream and
 //!   return at once. On CUDA that is ONE kernel launch per call; on the host backend ONE job.
 //! - The queued work is recorded on the tracker of every array and buffer it touches, so it is
 //!   ordered after earlier work on them (any stream), later work waits for it, and dropping an
-//!   array or the packer while it is pending is safe (a dropped array waits; the packer's
-//!   buffers go back to the pool still tracked).
+//!   array or the packer while it is pending is safe. A dropped array waits for the work. The
+//!   packer's packed buffers go back to the pool still tracked, without waiting (a buffer the
+//!   full pool does not take waits, then is freed); on CUDA its descriptor tables wait for the
+//!   launches reading them, so dropping a CUDA packer blocks until its queued work has run.
 //! - `unpack` writes through shared references, like a copy queued on the stream: only tracked
 //!   work (copies, `to_vec`, drops) can observe the arrays, and it runs after the unpack. One
 //!   array may appear in several exchanges; their unpack regions must then be disjoint.
@@ -120,8 +122,9 @@ impl HaloPacker {
     ///
     /// [`Error::InvalidArgument`] when the exchanges mix element types, `exchanges_y` differs
     /// in length from `exchanges_x`, a vector quantity has an unsigned or raw element type, its
-    /// two exchanges turn differently, or a slot's rotated pack shape differs from the unpack
-    /// shape it fills; allocation errors of the buffers.
+    /// two exchanges turn differently, a slot's rotated pack shape differs from the unpack
+    /// shape it fills, or (on CUDA) a region exceeds the kernel's limits (2^31 - 1 elements,
+    /// and as many along one dim); allocation errors of the buffers.
     pub fn with_stream(
         stream: &Stream,
         exchanges_x: &[HaloExchange],
@@ -134,8 +137,8 @@ impl HaloPacker {
             Device::Host => Backend::Host(Arc::new(HostSchedule::new(&plan))),
             Device::Cuda(ordinal) => Backend::Cuda(Box::new(CudaTables {
                 ordinal,
-                pack: DeviceTable::new(stream, plan.pack.len())?,
-                unpack: DeviceTable::new(stream, plan.unpack.len())?,
+                pack: DeviceTable::new(stream, &plan.pack)?,
+                unpack: DeviceTable::new(stream, &plan.unpack)?,
                 placement: DescriptorPlacement::default(),
             })),
         };

@@ -71,7 +71,7 @@ pub(crate) struct Transfer {
 impl Transfer {
     /// Atoms moved.
     pub(crate) fn atoms(&self) -> usize {
-        self.extent.iter().product()
+        super::spec::box_elements(self.extent.iter().copied())
     }
 
     /// Bytes moved.

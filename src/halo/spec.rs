@@ -293,6 +293,19 @@ impl HaloSpec {
     }
 }
 
+/// Elements of a box with these extents: 0 when one is 0 (an array with a zero extent skips
+/// the size checks, so its other extents may be huge: their product is never taken), else
+/// their product, which fits: a non-empty box lies inside an array whose size was checked.
+pub(crate) fn box_elements(extents: impl IntoIterator<Item = usize>) -> usize {
+    let (empty, product) =
+        extents.into_iter().fold((false, 1usize), |(empty, p), e| (empty || e == 0, p.saturating_mul(e)));
+    if empty {
+        0
+    } else {
+        product
+    }
+}
+
 /// `Some(d)` when `dim` is out of range.
 fn out_of_range(dim: Option<usize>, n: usize) -> Option<usize> {
     dim.filter(|&d| d >= n)
@@ -428,7 +441,7 @@ impl HaloExchange {
 
     /// Number of elements packed (and unpacked).
     pub fn elements(&self) -> usize {
-        self.unpack.iter().map(|r| r.end - r.start).product()
+        box_elements(self.unpack.iter().map(|r| r.end - r.start))
     }
 
     /// Shape of the pack region after the rotation.
@@ -483,7 +496,7 @@ impl View {
     }
 
     fn elements(&self) -> usize {
-        self.shape.iter().product()
+        box_elements(self.shape.iter().copied())
     }
 
     /// Flips dim `d`: index i reads what index n-1-i read.
