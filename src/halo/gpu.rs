@@ -642,7 +642,7 @@ mod tests {
     fn tables_refuse_regions_past_the_kernel_limits() {
         let big = (1usize << 31) + 8;
         let spec = HaloSpec::contiguous(ElementType::F64, &[big], HorizontalDims::none()).unwrap();
-        let whole = [0..big];
+        let whole = [std::ops::Range { start: 0, end: big }];
         let ex = HaloExchange::new(&spec, &whole, 0, &whole).unwrap();
         let plan = Plan::new(&[ex], None).unwrap();
         let stream = Stream::new(crate::device::Device::Host).unwrap();
