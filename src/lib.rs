@@ -67,7 +67,10 @@ pub use device::{
 };
 pub use error::{take_drop_error, Error, Result};
 pub use event::Event;
-pub use memory::{DeviceBuffer, Element, HostRegistration, Memory, MemoryKind, PinnedBuffer, PinnedOptions};
+pub use memory::{
+    DeviceBuffer, Element, HostRegistration, Memory, MemoryKind, PinnedBuffer, PinnedOptions,
+    MAX_ELEMENT_ALIGN,
+};
 pub use stream::Stream;
 pub use topology::{topology, DeviceLinks, Topology};
 

@@ -187,3 +187,25 @@ fn cuda_peer_round_trip() {
         cuferry::enable_peer_access(d1, d0).unwrap(); // twice is fine
     }
 }
+
+/// An element type aligned past what the allocators guarantee (256 bytes on CUDA) is refused
+/// by every buffer, so no slice of it can be misaligned.
+#[test]
+fn over_aligned_element_types_are_refused() {
+    #[derive(Clone, Copy, bytemuck::Zeroable, bytemuck::Pod)]
+    #[repr(C, align(8192))]
+    struct TwoPages([[u8; 4096]; 2]);
+    #[derive(Clone, Copy, bytemuck::Zeroable, bytemuck::Pod)]
+    #[repr(C, align(256))]
+    struct Line([u8; 256]);
+    let stream = Stream::new(Device::Host).unwrap();
+    assert!(matches!(PinnedBuffer::<TwoPages>::zeroed(Device::Host, 1), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(DeviceBuffer::<TwoPages>::zeroed(&stream, 1), Err(Error::InvalidArgument { .. })));
+    let pool = cuferry::managed::ManagedPool::new(Device::Host, Default::default()).unwrap();
+    assert!(matches!(pool.alloc::<TwoPages>(1, &stream), Err(Error::InvalidArgument { .. })));
+    // At the limit, buffers work and their slices are aligned.
+    let lines = PinnedBuffer::<Line>::zeroed(Device::Host, 3).unwrap();
+    let slice = lines.as_slice().unwrap();
+    assert_eq!(slice.as_ptr() as usize % std::mem::align_of::<Line>(), 0);
+    assert_eq!(std::mem::align_of::<Line>(), cuferry::MAX_ELEMENT_ALIGN);
+}

@@ -181,6 +181,41 @@ fn host_fn_panic_is_reported(device: Device) {
     stream.synchronize().unwrap(); // reported once
 }
 
+/// A panic value whose own drop panics.
+struct PanicsWhenDropped;
+
+impl Drop for PanicsWhenDropped {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            panic!("the panic payload's drop panicked");
+        }
+    }
+}
+
+/// A host function panicking with a value whose drop panics too is reported like any panic:
+/// the stream's worker survives (host) and no unwind crosses CUDA's callback (which would
+/// abort), and later work runs.
+fn host_fn_panic_with_a_panicking_payload_is_reported(device: Device) {
+    let stream = Stream::new(device).unwrap();
+    stream.host_fn(|| std::panic::panic_any(PanicsWhenDropped)).unwrap();
+    let after = Arc::new(AtomicBool::new(false));
+    let a = Arc::clone(&after);
+    stream.host_fn(move || a.store(true, Ordering::SeqCst)).unwrap();
+    let (done, outcome) = std::sync::mpsc::channel();
+    let waiter = stream.clone();
+    std::thread::spawn(move || {
+        let _ = done.send(waiter.synchronize());
+    });
+    match outcome.recv_timeout(Duration::from_secs(10)) {
+        Ok(Err(Error::HostFnPanicked { .. })) => {}
+        Ok(other) => panic!("expected HostFnPanicked, got {other:?}"),
+        Err(_) => panic!("synchronize never returned: the stream's worker died"),
+    }
+    assert!(after.load(Ordering::SeqCst), "work after the panic did not run");
+    stream.host_fn(|| ()).unwrap();
+    stream.synchronize().unwrap();
+}
+
 /// Timing events measure queued work; misuse is a typed error.
 fn event_timing_and_misuse(device: Device) {
     let stream = Stream::new(device).unwrap();
@@ -211,6 +246,7 @@ on_both_backends! {
     many_streams => many_streams;
     drop_while_pending => drop_while_pending;
     host_fn_panic_is_reported => host_fn_panic_is_reported;
+    host_fn_panic_with_a_panicking_payload_is_reported => host_fn_panic_with_a_panicking_payload_is_reported;
     event_timing_and_misuse => event_timing_and_misuse;
 }
 

@@ -6,7 +6,8 @@
 //! - An event never recorded counts as complete: `query` is true and waiting returns at once.
 //! - An event is recorded only on a stream of its own device.
 //! - Timing ([`Event::elapsed_ms`]) needs both events made with [`Event::with_timing`] and both
-//!   records complete. On the host backend the time is taken when the worker reaches the record.
+//!   records complete. On the host backend the time is taken when the worker reaches the record
+//!   or, recorded on an idle stream, at the call (the stream has nothing before it to run).
 //! - Dropping an event with a record pending is legal; waits already queued on it still work.
 //!
 //! # Examples

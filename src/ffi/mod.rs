@@ -128,7 +128,8 @@ pub(crate) fn guard(f: impl FnOnce() -> Result<()>) -> CuferryStatus {
             set_last_error(e.to_string());
             status
         }
-        Err(_) => {
+        Err(panic) => {
+            crate::stream::host::discard_panic(panic);
             set_last_error("a Rust panic was caught at the C boundary (a cuferry bug)".into());
             CuferryStatus::Panic
         }

@@ -16,6 +16,8 @@
 
 use std::any::Any;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+
+use crate::stream::host::discard_panic;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use crate::work_queue::WorkQueue;
@@ -79,11 +81,15 @@ impl Latch {
     fn count_down(&self, panic: Option<Box<dyn Any + Send>>) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.0 -= 1;
-        if state.1.is_none() {
-            state.1 = panic;
-        }
+        let extra = if state.1.is_none() { std::mem::replace(&mut state.1, panic) } else { panic };
         if state.0 == 0 {
             self.done.notify_all();
+        }
+        drop(state);
+        // A second panic's payload is dropped outside the lock, where its own drop cannot
+        // unwind into the helper thread.
+        if let Some(extra) = extra {
+            discard_panic(extra);
         }
     }
 
@@ -109,7 +115,9 @@ struct WaitOnDrop(Arc<Latch>);
 impl Drop for WaitOnDrop {
     fn drop(&mut self) {
         if let Some(panic) = self.0.wait() {
-            if !std::thread::panicking() {
+            if std::thread::panicking() {
+                discard_panic(panic);
+            } else {
                 resume_unwind(panic);
             }
         }

@@ -44,12 +44,23 @@ unsafe impl Send for TrackedAllocation {}
 // SAFETY: as above; shared access only reads the pointer and uses the tracker's mutex.
 unsafe impl Sync for TrackedAllocation {}
 
-/// `len * size_of::<T>()`, or an error naming the overflow.
+/// `len * size_of::<T>()`, or an error naming the overflow (or a zero-sized or over-aligned
+/// element type).
 pub(crate) fn byte_len<T>(len: usize) -> Result<usize> {
     // A zero-sized element would make a non-empty buffer of zero bytes, whose null pointer no
     // slice may be built on; no transfer needs one.
     if std::mem::size_of::<T>() == 0 {
         return Err(Error::invalid(format!("zero-sized element type {}", std::any::type_name::<T>())));
+    }
+    // Every allocator aligns to at least this much (CUDA device memory to 256, host and
+    // pinned memory to a page): a more-aligned element type could get a misaligned slice.
+    if std::mem::align_of::<T>() > super::MAX_ELEMENT_ALIGN {
+        return Err(Error::invalid(format!(
+            "element type {} is aligned to {} bytes, more than a buffer guarantees ({})",
+            std::any::type_name::<T>(),
+            std::mem::align_of::<T>(),
+            super::MAX_ELEMENT_ALIGN
+        )));
     }
     len.checked_mul(std::mem::size_of::<T>()).filter(|&b| b <= isize::MAX as usize).ok_or_else(|| {
         Error::invalid(format!("{len} elements of {} bytes overflow", std::mem::size_of::<T>()))

@@ -12,8 +12,12 @@
 //! - Host-stream work (copies, kernel jobs) reaches every kind but CUDA device memory, and
 //!   managed memory only on devices with `concurrentManagedAccess` (elsewhere a host access
 //!   while a kernel runs faults): `Error::Unsupported` otherwise.
-//! - On [`Device::Host`] every kind of buffer is ordinary page-aligned host
-//!   memory, so the same code runs without a GPU.
+//! - On [`Device::Host`] every buffer cuferry allocates is ordinary page-aligned host memory,
+//!   so the same code runs without a GPU (registered memory is the caller's, aligned as its
+//!   `Vec` is).
+//! - Element types are aligned to at most [`MAX_ELEMENT_ALIGN`] bytes, the least alignment
+//!   every allocator gives (CUDA device memory: 256): a buffer of a more-aligned type is
+//!   refused, so no slice cuferry builds is ever misaligned.
 //!
 //! # Examples
 //!
@@ -41,8 +45,12 @@ pub use device::DeviceBuffer;
 pub use pinned::{PinnedBuffer, PinnedOptions};
 pub use registered::HostRegistration;
 
+/// The largest element alignment a cuferry buffer takes (see the module rules).
+pub const MAX_ELEMENT_ALIGN: usize = 256;
+
 /// Plain data that may be copied byte-for-byte between host and device: any
-/// [`bytemuck::Pod`] type that can cross threads.
+/// [`bytemuck::Pod`] type that can cross threads. Buffers take types aligned to at most
+/// [`MAX_ELEMENT_ALIGN`] bytes.
 pub trait Element: bytemuck::Pod + Send + Sync {}
 
 impl<T: bytemuck::Pod + Send + Sync> Element for T {}

@@ -122,7 +122,8 @@ impl<T: Element> HostRegistration<T> {
     /// # Errors
     ///
     /// CUDA errors of `cudaEventSynchronize` or `cudaHostUnregister`; on a failed wait the
-    /// memory is leaked rather than handed back under a running copy.
+    /// memory is leaked rather than handed back under a running copy, and on a failed
+    /// unregister rather than freed while still registered.
     pub fn into_inner(mut self) -> Result<Vec<T>> {
         self.release()?;
         Ok(self.data.take().unwrap_or_default())
@@ -140,7 +141,14 @@ impl<T: Element> HostRegistration<T> {
         if std::mem::take(&mut self.pinned) {
             let (ptr, _) = self.ptr_bytes();
             // SAFETY: the memory was registered in `new` and no queued work uses it any more.
-            unsafe { raw::host_unregister(ptr.cast::<c_void>()) }?;
+            if let Err(err) = unsafe { raw::host_unregister(ptr.cast::<c_void>()) } {
+                // Still registered: freeing it would leave CUDA a registration over memory
+                // the allocator hands out again. Leak it instead.
+                if let Some(v) = self.data.take() {
+                    std::mem::forget(v);
+                }
+                return Err(err);
+            }
         }
         Ok(())
     }

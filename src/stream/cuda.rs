@@ -12,7 +12,7 @@ use std::os::raw::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 
-use super::host::panic_message;
+use super::host::take_panic_message;
 use crate::cuda::stream::{self as raw, RawStream};
 use crate::error::{record_drop_error, Error, Result};
 
@@ -100,8 +100,11 @@ unsafe extern "C" fn run_host_fn(status: crate::sys::cuferry_status, data: *mut 
     // Dropping `f` runs user code too: catch its panics as well.
     let ran = catch_unwind(AssertUnwindSafe(move || if status == 0 { f() } else { drop(f) }));
     if let Err(panic) = ran {
+        // The payload's own drop may panic too: dropped inside `take_panic_message`, it cannot
+        // unwind out of this `extern "C"` function (which would abort).
+        let message = take_panic_message(panic);
         if let Ok(mut slot) = errors.lock() {
-            slot.get_or_insert(Error::HostFnPanicked { message: panic_message(panic.as_ref()) });
+            slot.get_or_insert(Error::HostFnPanicked { message });
         }
     }
 }

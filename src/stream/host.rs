@@ -60,7 +60,7 @@ impl Progress {
     /// it, and counts the job finished.
     fn run_holding(&self, job: Job, running: MutexGuard<'_, ()>) {
         let outcome = catch_unwind(AssertUnwindSafe(job))
-            .unwrap_or_else(|panic| Err(Error::HostFnPanicked { message: panic_message(panic.as_ref()) }));
+            .unwrap_or_else(|panic| Err(Error::HostFnPanicked { message: take_panic_message(panic) }));
         drop(running);
         self.state.update(|st| {
             st.completed += 1;
@@ -94,8 +94,9 @@ impl HostQueue {
     pub(crate) fn submit(&self, job: Job) -> Result<()> {
         self.progress.lock().submitted += 1;
         if self.sender.send(job).is_err() {
-            let mut st = self.progress.lock();
-            st.submitted -= 1;
+            // Through `update`, which wakes waiters: a synchronize that counted this job waits
+            // for it no longer.
+            self.progress.state.update(|st| st.submitted -= 1);
             return Err(Error::unsupported("the host stream's worker thread is gone"));
         }
         Ok(())
@@ -161,8 +162,25 @@ fn serve(receiver: Receiver<Job>, progress: Arc<Progress>) {
     }
 }
 
+/// The text of a caught panic's payload, when it has one; the payload is then discarded
+/// ([`discard_panic`]).
+pub(crate) fn take_panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    let message = panic_message(payload.as_ref());
+    discard_panic(payload);
+    message
+}
+
+/// Drops a caught panic's payload where its own drop cannot unwind any further: a payload
+/// whose drop panics again (user code can panic with any value) is leaked, not allowed to
+/// kill a worker thread or cross a C boundary.
+pub(crate) fn discard_panic(payload: Box<dyn std::any::Any + Send>) {
+    if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
+        std::mem::forget(again);
+    }
+}
+
 /// The text of a panic payload, when it has one.
-pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&str>() {
         (*s).to_string()
     } else if let Some(s) = payload.downcast_ref::<String>() {
