@@ -13,10 +13,16 @@
 //! - Where work runs: an operator computes on the device of its input array, queued on the
 //!   compute stream of the array's spec, and returns an array on the same spec. Only
 //!   [`ToDevice`] changes the spec; a batched operator's tiles therefore compute on the
-//!   compute streams of the device matrix's specs, concurrently.
-//! - Everything is asynchronous: `apply` queues work and returns; reading a result back
-//!   ([`Array::to_vec`]) waits. Buffers order their uses across streams with events, so no
-//!   stream is synchronised with another more than the data requires.
+//!   compute streams of the device matrix's specs.
+//! - `apply` of a plain operator queues work and returns; reading a result back
+//!   ([`Array::to_vec`]) waits. Buffers order their uses across streams with events.
+//! - Known gaps, found by review and not yet fixed: composite operators (`Chain`, `Add`,
+//!   `Concat`, batched operators) drop their intermediate arrays inside `apply`, and a drop
+//!   waits for the work reading the array, so their `apply` returns only after that work ran;
+//!   every use of a buffer is ordered after the last one, reads included, so tiles that read
+//!   one input on different devices run one after another rather than at once; and an error
+//!   of a tile's job on another spec's stream is not reported by the batched result's
+//!   `to_vec`/`synchronize` (it stays pending on that stream).
 //! - Adjoints are conjugate transposes: every operator passes the dot test
 //!   `|<Ax, y> - <x, A^H y>| <= 1e-5 |<Ax, y>|` in f64 on random data.
 //! - Arithmetic on CUDA arrays runs as CUDA kernels (csrc/linop.cu; compiled with nvcc, not
