@@ -262,12 +262,6 @@ impl SlotRing {
         if options.slot_bytes == 0 {
             return Err(Error::invalid("ring slots must hold at least one byte"));
         }
-        if options.depth > MAX_RING_DEPTH {
-            return Err(Error::invalid(format!(
-                "ring depth {} exceeds the most slots a ring has ({MAX_RING_DEPTH})",
-                options.depth
-            )));
-        }
         if options.depth.checked_mul(options.slot_bytes).is_none() {
             return Err(Error::invalid(format!(
                 "{} slots of {} bytes overflow the address space",
@@ -626,18 +620,13 @@ impl ProducerSlot {
         // closed and empty (that slot would never be released). A slot refused here goes back
         // on drop like an abandoned one; its upload is queued ahead of any later one.
         // The counters move before the send: a consumer that received the item and reads
-        // the stats sees it counted.
+        // the stats sees it counted. (The send cannot fail: the ring holds the receiver.)
         let queued = {
             let open = s.close_tx.lock().unwrap_or_else(|e| e.into_inner());
             open.is_some() && {
                 s.published.fetch_add(1, Ordering::Relaxed);
                 s.bytes.fetch_add(bytes, Ordering::Relaxed);
-                let sent = s.ready.0.send(Published { device: self.device, meta, submit }).is_ok();
-                if !sent {
-                    s.published.fetch_sub(1, Ordering::Relaxed);
-                    s.bytes.fetch_sub(bytes, Ordering::Relaxed);
-                }
-                sent
+                s.ready.0.send(Published { device: self.device, meta, submit }).is_ok()
             }
         };
         if !queued {
