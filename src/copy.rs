@@ -2,8 +2,10 @@
 //!
 //! Rules:
 //! - A copy is queued on a stream and returns at once; it runs after the work queued on that
-//!   stream before it, and after every earlier operation on either buffer (buffers track their
-//!   uses, see [`crate::memory`]).
+//!   stream before it, after the last write to the source, and after every earlier operation
+//!   on the destination (buffers track their uses, see [`crate::memory`]). It reads the source
+//!   shared: copies out of one buffer on several streams run at once, and a later write to the
+//!   source waits for all of them.
 //! - The direction comes from the two buffers' [`MemoryKind`]s and the stream's device:
 //!   - a host stream copies between host-accessible memory only (`memcpy` on its worker), and
 //!     managed memory only on devices with `concurrentManagedAccess` (`Error::Unsupported`
@@ -31,7 +33,7 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::memory::sealed::RawParts;
-use crate::memory::tracker::UseTracker;
+use crate::memory::tracker::{Access, UseTracker};
 use crate::memory::{check_host_stream_access, Element, Memory, MemoryKind};
 use crate::stream::host::Job;
 use crate::stream::{Stream, StreamBackend};
@@ -152,7 +154,7 @@ pub(crate) unsafe fn copy_bytes_marked(
     let direction = direction(stream.device(), src_kind, dst_kind)?;
     let src_ptr = s.ptr.wrapping_add(src_offset);
     let dst_ptr = d.ptr.wrapping_add(dst_offset);
-    UseTracker::use_on(stream, &[s.tracker, d.tracker], || {
+    UseTracker::use_on(stream, &[(s.tracker, Access::Read), (d.tracker, Access::Write)], || {
         if let Some((before, _)) = marks {
             before.record(stream)?;
         }

@@ -23,7 +23,7 @@ use crate::cuda::managed as raw;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::memory::sealed::Sealed;
-use crate::memory::tracker::UseTracker;
+use crate::memory::tracker::{Access, UseTracker};
 use crate::memory::{check_host_stream_access, DeviceBuffer, Memory, MemoryKind};
 use crate::stream::{Stream, StreamBackend};
 
@@ -63,7 +63,7 @@ pub fn fill_pattern_u32<M: Memory<u32> + ?Sized>(stream: &Stream, dst: &mut M, s
     check_reachable(stream, dst.kind())?;
     let parts = dst.raw_parts();
     let (ptr, n) = (parts.ptr.cast::<u32>(), dst.len());
-    UseTracker::use_on(stream, &[parts.tracker], || match stream.backend() {
+    UseTracker::use_on(stream, &[(parts.tracker, Access::Write)], || match stream.backend() {
         StreamBackend::Host(q) => {
             let target = SendPtr(ptr, n);
             q.submit(Box::new(move || {
@@ -95,7 +95,7 @@ pub fn sum_u32<M: Memory<u32> + ?Sized>(stream: &Stream, src: &M) -> Result<u64>
             let out = std::sync::Arc::clone(&result);
             let source = SendPtr(ptr, n);
             let done = crate::Event::new(Device::Host)?;
-            UseTracker::use_on(stream, &[parts.tracker], || {
+            UseTracker::use_on(stream, &[(parts.tracker, Access::Read)], || {
                 stream.host_fn(move || {
                     let source = source;
                     let mut acc = 0u64;
@@ -117,11 +117,15 @@ pub fn sum_u32<M: Memory<u32> + ?Sized>(stream: &Stream, src: &M) -> Result<u64>
             let sum = DeviceBuffer::<u64>::zeroed(stream, 1)?;
             let sum_parts = sum.raw_parts();
             let sum_ptr = sum_parts.ptr.cast::<u64>();
-            UseTracker::use_on(stream, &[parts.tracker, sum_parts.tracker], || {
-                // SAFETY: both are device-reachable (checked / device memory) and kept alive by
-                // their trackers until the stream ran the kernel.
-                unsafe { raw::sum_u32(ptr, n, sum_ptr, stream.cuda_raw()?) }
-            })?;
+            UseTracker::use_on(
+                stream,
+                &[(parts.tracker, Access::Read), (sum_parts.tracker, Access::Write)],
+                || {
+                    // SAFETY: both are device-reachable (checked / device memory) and kept alive by
+                    // their trackers until the stream ran the kernel.
+                    unsafe { raw::sum_u32(ptr, n, sum_ptr, stream.cuda_raw()?) }
+                },
+            )?;
             let mut out = [0u64];
             sum.copy_to_slice(stream, &mut out)?;
             Ok(out[0])

@@ -8,12 +8,13 @@ mod util;
 use std::sync::Arc;
 
 use cuferry::linop::{
-    dim_role, split_linop, tile_ranges, transfer_stream, Add, Array, Chain, Concat, Dense, DeviceMatrix,
-    Diagonal, DimRole, Dims, Field, Identity, Linop, LinopRef, Scalar, ToDevice, Zero,
+    create_batched_linop, dim_role, split_linop, tile_ranges, transfer_stream, Add, Array, BatchSpec, Chain,
+    Concat, Dense, DeviceMatrix, Diagonal, DimRole, Dims, Field, Identity, Linop, LinopRef, Scalar, ToDevice,
+    Zero,
 };
 use cuferry::{Device, DeviceSpec, Error, Stream};
 use num_complex::Complex;
-use util::{assert_close, dot_test, random_array, random_vec, Rng};
+use util::{assert_close, dot_test, random_array, random_vec, Gate, Rng};
 
 type C64 = Complex<f64>;
 
@@ -419,6 +420,67 @@ fn zero_rejects_a_batch_dim_with_two_sizes() {
     let z = Zero::new(dims(&[("a", 2)]), dims(&[("a", 2), ("b", 3)])).unwrap();
     let x = Array::from_slice(&host(), &[2], &[1.0f64, 2.0]).unwrap();
     assert_eq!(Linop::<f64>::apply(&z, &x).unwrap().to_vec().unwrap(), vec![0.0; 6]);
+}
+
+/// A chain consuming `x` (2) and producing `x` (3): a name on both sides is one batch dim
+/// with one size, so the chain is refused (the old code accepted it, and a split along `x`
+/// gave tiles whose output ranges were the input's).
+#[test]
+fn chain_rejects_a_batch_dim_with_two_sizes() {
+    let spec = host();
+    let w = Array::from_slice(&spec, &[4, 2], &[1.0f64; 8]).unwrap();
+    let f: LinopRef<f64> =
+        Arc::new(Dense::new(w, &["m", "x"], dims(&[("x", 2)]), dims(&[("m", 4)])).unwrap());
+    let w = Array::from_slice(&spec, &[3, 4], &[1.0f64; 12]).unwrap();
+    let g: LinopRef<f64> =
+        Arc::new(Dense::new(w, &["x", "m"], dims(&[("m", 4)]), dims(&[("x", 3)])).unwrap());
+    assert_invalid(Chain::new(vec![Arc::clone(&f), Arc::clone(&g)]));
+    // Consumed and produced again with the same size is one batch dim: accepted.
+    let w = Array::from_slice(&spec, &[2, 4], &[1.0f64; 8]).unwrap();
+    let back: LinopRef<f64> =
+        Arc::new(Dense::new(w, &["x", "m"], dims(&[("m", 4)]), dims(&[("x", 2)])).unwrap());
+    let round = Chain::new(vec![f, back]).unwrap();
+    let y = round.apply(&Array::from_slice(&spec, &[2], &[1.0, 2.0]).unwrap()).unwrap();
+    assert_eq!(y.to_vec().unwrap(), vec![12.0, 12.0]);
+}
+
+/// `apply` of a composite queues its work and returns while the streams are busy: dropping
+/// its intermediates does not wait for the work reading them (the old code waited, so the
+/// gate timed out before `apply` returned).
+#[test]
+fn composite_apply_returns_while_the_stream_is_busy() {
+    let spec = host();
+    let d = dims(&[("x", 4)]);
+    let s2: LinopRef<f64> = Arc::new(Scalar::new(2.0, d.clone()));
+    let s3: LinopRef<f64> = Arc::new(Scalar::new(3.0, d.clone()));
+    let chain = Chain::new(vec![Arc::clone(&s2), Arc::clone(&s3)]).unwrap();
+    let sum = Add::new(vec![Arc::new(chain.clone()) as LinopRef<f64>, Arc::clone(&s2)]).unwrap();
+    let op: LinopRef<f64> =
+        Arc::new(Concat::new(vec![Arc::new(sum.clone()), s3], Some("x"), Some("x")).unwrap());
+    let devices = DeviceMatrix::from_devices(&[2], &[Device::Host; 2]).unwrap();
+    let tiles = devices.specs().to_vec();
+    let batched = create_batched_linop(
+        Arc::clone(&op),
+        &[BatchSpec::new(&[("x", 3)]).devices(devices).base(spec.clone())],
+    )
+    .unwrap();
+    let x = Array::from_slice(&spec, &[4], &[1.0, 2.0, 3.0, 4.0]).unwrap();
+    let x8 = Array::from_slice(&spec, &[8], &[1.0, 2.0, 3.0, 4.0, 1.0, 2.0, 3.0, 4.0]).unwrap();
+    x8.synchronize().unwrap();
+    let mut gates = vec![Gate::hold(&spec.compute_stream)];
+    gates.extend(tiles.iter().map(|t| Gate::hold(&t.compute_stream)));
+    let ys = [chain.apply(&x), sum.apply(&x), op.apply(&x8), batched.apply(&x8)].map(Result::unwrap);
+    for gate in &gates {
+        assert!(!gate.passed(), "apply waited for the work queued behind a gate");
+    }
+    gates.iter().for_each(Gate::open);
+    let want_chain = vec![6.0, 12.0, 18.0, 24.0];
+    let want_sum: Vec<f64> = want_chain.iter().zip([2.0, 4.0, 6.0, 8.0]).map(|(a, b)| a + b).collect();
+    let want_cat: Vec<f64> = want_sum.iter().copied().chain([3.0, 6.0, 9.0, 12.0]).collect();
+    assert_eq!(ys[0].to_vec().unwrap(), want_chain);
+    assert_eq!(ys[1].to_vec().unwrap(), want_sum);
+    assert_eq!(ys[2].to_vec().unwrap(), want_cat);
+    assert_eq!(ys[3].to_vec().unwrap(), want_cat);
 }
 
 /// Sizes whose sum or product overflows `usize` are errors, never wrapped values.

@@ -11,11 +11,11 @@ use std::sync::Arc;
 
 use cuferry::linop::{
     create_batched_linop, dim_role, split_linop, tile_ranges, Array, BatchSpec, Chain, Concat, Dense,
-    DeviceMatrix, Diagonal, DimRole, Dims, Field, Identity, LinopRef,
+    DeviceMatrix, Diagonal, DimRole, Dims, Field, Identity, Linop, LinopRef, Scalar,
 };
 use cuferry::{Device, DeviceSpec, Error, Stream};
 use num_complex::Complex;
-use util::{assert_close, dense, dot_test, random_array, random_batches, random_graph, Rng, Sizes};
+use util::{assert_close, dense, dot_test, random_array, random_batches, random_graph, Gate, Rng, Sizes};
 
 type C64 = Complex<f64>;
 
@@ -56,6 +56,125 @@ fn split_linop_grid_and_slices() {
     // Dims not listed are one whole tile.
     let whole = split_linop(op.as_ref(), &[] as &[(&str, usize)]).unwrap();
     assert_eq!(whole.tiles.len(), 1);
+}
+
+/// A `Concat` over `o` of two chains whose internal dim `m` has sizes 3 and 5: split along
+/// `o` first, a tile keeps one chain, whose `m` is smaller than the operator's. The grid is
+/// the same whichever order the dims are listed in, and so is the result (the old code
+/// rejected `(o, m)`: the last `m` range lay outside the smaller chain).
+#[test]
+fn split_order_never_decides_whether_a_grid_is_accepted() {
+    let spec = host();
+    let mut rng = Rng::new(41);
+    let mut chain = |o: usize, m: usize| -> LinopRef<f64> {
+        let f = dense(&mut rng, &spec, &["m", "i"], dims(&[("i", 4)]), dims(&[("m", m)]));
+        let g = dense(&mut rng, &spec, &["o", "m"], dims(&[("m", m)]), dims(&[("o", o)]));
+        Arc::new(Chain::new(vec![f, g]).unwrap())
+    };
+    let (a, b) = (chain(2, 3), chain(2, 5));
+    let op: LinopRef<f64> = Arc::new(Concat::new(vec![a, b], None, Some("o")).unwrap());
+    let x = random_array::<f64>(&mut rng, &spec, &[4]);
+    let want = op.apply(&x).unwrap().to_vec().unwrap();
+    for order in [[("m", 2), ("o", 2)], [("o", 2), ("m", 2)], [("o", 1), ("m", 4)]] {
+        let grid = split_linop(op.as_ref(), &order).unwrap();
+        let m_axis = grid.dims.iter().position(|d| d == "m").unwrap();
+        assert_eq!(grid.shape[m_axis], 5usize.div_ceil(order[m_axis].1), "{order:?}");
+        let batched = create_batched_linop(Arc::clone(&op), &[BatchSpec::new(&order)]).unwrap();
+        assert_close(&batched.apply(&x).unwrap().to_vec().unwrap(), &want, 1e-12);
+        // The tiles, applied one by one and added into their output ranges, give the result.
+        let mut sum = vec![0.0f64; want.len()];
+        for tile in &grid.tiles {
+            let xi = x.slice(0, tile.islices[0].clone()).unwrap().contiguous().unwrap();
+            let yi = tile.linop.apply(&xi).unwrap().to_vec().unwrap();
+            assert_eq!(yi.len(), tile.oslices[0].len(), "{order:?} tile {:?}", tile.index);
+            for (k, v) in tile.oslices[0].clone().zip(yi) {
+                sum[k] += v;
+            }
+        }
+        assert_close(&sum, &want, 1e-12);
+    }
+}
+
+/// A user operator whose queued job fails (panics) on its input's compute stream before the
+/// job writing its output.
+#[derive(Clone, Debug)]
+struct FailingJob {
+    dims: Dims,
+}
+
+impl Linop<f64> for FailingJob {
+    fn name(&self) -> &'static str {
+        "FailingJob"
+    }
+    fn idims(&self) -> &Dims {
+        &self.dims
+    }
+    fn odims(&self) -> &Dims {
+        &self.dims
+    }
+    fn apply(&self, x: &Array<f64>) -> Result<Array<f64>, Error> {
+        x.spec().compute_stream.host_fn(|| panic!("the tile's job failed"))?;
+        // The output is written after the failed job, in stream order.
+        Scalar::new(0.0, self.dims.clone()).apply(x)
+    }
+    fn adjoint(&self) -> LinopRef<f64> {
+        Arc::new(self.clone())
+    }
+    fn split(&self, dim: &str, r: std::ops::Range<usize>) -> Result<LinopRef<f64>, Error> {
+        Ok(Arc::new(FailingJob { dims: self.dims.with_size(dim, r.len()) }))
+    }
+    fn place_on(&self, _spec: &DeviceSpec) -> Result<LinopRef<f64>, Error> {
+        Ok(Arc::new(self.clone()))
+    }
+}
+
+/// A tile's job that fails on another device's stream is reported by the batched result
+/// (the old code read back zeros with `Ok`: only the base spec's stream was checked), once.
+#[test]
+fn a_tile_job_error_reaches_the_batched_result() {
+    let base = host();
+    let op: LinopRef<f64> = Arc::new(FailingJob { dims: dims(&[("x", 4)]) });
+    let x = Array::from_slice(&base, &[4], &[1.0; 4]).unwrap();
+    let devices = DeviceMatrix::from_devices(&[2], &[Device::Host; 2]).unwrap();
+    let spec = BatchSpec::new(&[("x", 2)]).devices(devices).base(base.clone());
+    let batched = create_batched_linop(op, &[spec]).unwrap();
+    let y = batched.apply(&x).unwrap();
+    let r = y.to_vec();
+    assert!(
+        matches!(&r, Err(Error::HostFnPanicked { message }) if message.contains("the tile's job failed")),
+        "{r:?}"
+    );
+    // Each failure is reported once: two tiles failed, so at most one more report.
+    let again = y.synchronize();
+    assert!(again.is_ok() || matches!(again, Err(Error::HostFnPanicked { .. })), "{again:?}");
+    assert_eq!(y.to_vec().unwrap(), vec![0.0; 4]);
+    // An operator applied to the result carries the tiles' streams along too.
+    let y = batched.apply(&x).unwrap();
+    let z = Scalar::new(2.0, dims(&[("x", 4)])).apply(&y).unwrap();
+    assert!(matches!(z.to_vec(), Err(Error::HostFnPanicked { .. })));
+}
+
+/// Tiles reading one input on two host devices run at once: with device A's stream held by
+/// a gate, tile 1 on device B finishes (the old tracker ordered every read after the last
+/// one, so tile 1 waited for tile 0 behind the gate).
+#[test]
+fn tiles_reading_one_input_run_at_once() {
+    let base = host();
+    let mut rng = Rng::new(3);
+    let w = random_array::<f64>(&mut rng, &base, &[4]);
+    let op: LinopRef<f64> = Arc::new(Diagonal::new(w, &["x"], dims(&[("x", 4)])).unwrap());
+    let devices = DeviceMatrix::from_devices(&[2], &[Device::Host; 2]).unwrap();
+    let (a, b) = (devices.specs()[0].clone(), devices.specs()[1].clone());
+    let spec = BatchSpec::new(&[("x", 2)]).devices(devices).base(base.clone());
+    let batched = create_batched_linop(Arc::clone(&op), &[spec]).unwrap();
+    let x = random_array::<f64>(&mut rng, &base, &[4]);
+    let want = op.apply(&x).unwrap().to_vec().unwrap();
+    let gate = Gate::hold(&a.compute_stream);
+    let y = batched.apply(&x).unwrap();
+    b.compute_stream.synchronize().unwrap();
+    assert!(!gate.passed(), "tile 1 on device B waited for tile 0 behind device A's gate");
+    gate.open();
+    assert_close(&y.to_vec().unwrap(), &want, 1e-12);
 }
 
 #[test]

@@ -1,9 +1,13 @@
 //! The ordering guarantee against a sequential model: random copies between a set of buffers,
 //! each queued on a randomly chosen stream (several streams, no explicit events), must leave
 //! every buffer exactly as the same copies applied one after another in program order would.
-//! This is the use-tracking rule ("operations on one buffer run in the order they were queued,
-//! whichever streams they were queued on") under real concurrency. Runs on the host backend
-//! and, when a GPU is present, on CUDA (device buffers and pinned buffers mixed).
+//! This is the use-tracking rule under real concurrency: a copy reads its source shared (after
+//! the source's last write only) and writes its destination (after every earlier use of it),
+//! so copies out of one buffer on several streams may run at once, yet any write to that
+//! buffer waits for all of them. Bursts of such fan-out copies, each stream held up for a
+//! while first, followed by a write into the shared source, probe that rule directly. Runs on
+//! the host backend and, when a GPU is present, on CUDA (device buffers and pinned buffers
+//! mixed).
 
 mod common;
 
@@ -31,6 +35,11 @@ fn copy_between(stream: &Stream, bufs: &mut [Buf], src: usize, dst: usize, so: u
     .unwrap();
 }
 
+/// Holds `stream` up for a while, so the other streams run ahead unless ordered.
+fn slow_down(stream: &Stream) {
+    stream.host_fn(|| std::thread::sleep(std::time::Duration::from_micros(500))).unwrap();
+}
+
 fn read(stream: &Stream, b: &Buf) -> Vec<u8> {
     match b {
         Buf::Device(d) => d.to_vec(stream).unwrap(),
@@ -56,6 +65,28 @@ fn run_model(device: Device, seed: u64, n_bufs: usize, n_streams: usize, steps: 
         })
         .collect();
     for step in 0..steps {
+        if step % 5 == 2 {
+            // A fan-out burst: one source copied out on several streams (shared reads, each
+            // stream held up first), then a write into that source, which must wait for all.
+            let src = rng.below(n_bufs);
+            for k in 1..n_bufs.min(4) {
+                let dst = (src + k) % n_bufs;
+                let n = 1 + rng.below(len);
+                let (so, d_o) = (rng.below(len - n + 1), rng.below(len - n + 1));
+                let stream = &streams[(step + k) % n_streams];
+                slow_down(stream);
+                copy_between(stream, &mut bufs, src, dst, so, d_o, n);
+                let chunk = model[src][so..so + n].to_vec();
+                model[dst][d_o..d_o + n].copy_from_slice(&chunk);
+            }
+            let from = (src + 1 + rng.below(n_bufs - 1)) % n_bufs;
+            let n = 1 + rng.below(len);
+            let (so, d_o) = (rng.below(len - n + 1), rng.below(len - n + 1));
+            copy_between(&streams[rng.below(n_streams)], &mut bufs, from, src, so, d_o, n);
+            let chunk = model[from][so..so + n].to_vec();
+            model[src][d_o..d_o + n].copy_from_slice(&chunk);
+            continue;
+        }
         let src = rng.below(n_bufs);
         let dst = (src + 1 + rng.below(n_bufs - 1)) % n_bufs;
         let n = 1 + rng.below(len);
@@ -63,7 +94,7 @@ fn run_model(device: Device, seed: u64, n_bufs: usize, n_streams: usize, steps: 
         let stream = &streams[rng.below(n_streams)];
         if step % 4 == 0 {
             // Slow a stream down often, so the others run ahead unless ordered.
-            stream.host_fn(|| std::thread::sleep(std::time::Duration::from_micros(500))).unwrap();
+            slow_down(stream);
         }
         copy_between(stream, &mut bufs, src, dst, so, d_o, n);
         let chunk = model[src][so..so + n].to_vec();

@@ -21,7 +21,7 @@ use crate::cuda::halo::{self as raw, SeedElement};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::memory::sealed::Sealed;
-use crate::memory::tracker::UseTracker;
+use crate::memory::tracker::{Access, UseTracker};
 use crate::memory::{DeviceBuffer, Element};
 use crate::stream::Stream;
 
@@ -134,7 +134,9 @@ impl SeedBaseline {
         // One ordering record for the whole pack (the seed has no such bookkeeping; one per
         // launch made the baseline slower than the seed's own 40 launches), then the launches.
         let packed = self.packed.raw_parts();
-        let mut trackers: Vec<&UseTracker> = vec![packed.tracker];
+        // The gathers write the packed buffer and read the arrays and index lists (each listed
+        // once: named twice it would count as written).
+        let mut trackers: Vec<(&UseTracker, Access)> = vec![(packed.tracker, Access::Write)];
         let mut gathers = Vec::with_capacity(self.edges.len());
         for (edge, array) in self.edges.iter().zip(arrays) {
             let n = edge.indices.len();
@@ -143,8 +145,8 @@ impl SeedBaseline {
             }
             let (src, idx) = (array.raw_parts(), edge.indices.raw_parts());
             for t in [src.tracker, idx.tracker] {
-                if !trackers.iter().any(|known| std::ptr::eq(*known, t)) {
-                    trackers.push(t);
+                if !trackers.iter().any(|(known, _)| std::ptr::eq(*known, t)) {
+                    trackers.push((t, Access::Read));
                 }
             }
             gathers.push(Gather {

@@ -7,12 +7,14 @@
 //! - `pack` and `unpack` check every array (element type, device, length covering the spec's
 //!   strided extent) before queueing anything, then queue the work on the packer's stream and
 //!   return at once. On CUDA that is ONE kernel launch per call; on the host backend ONE job.
-//! - The queued work is recorded on the tracker of every array and buffer it touches, so it is
-//!   ordered after earlier work on them (any stream), later work waits for it, and dropping an
-//!   array or the packer while it is pending is safe. A dropped array waits for the work. The
-//!   packer's packed buffers go back to the pool still tracked, without waiting (a buffer the
-//!   full pool does not take waits, then is freed); on CUDA its descriptor tables wait for the
-//!   launches reading them, so dropping a CUDA packer blocks until its queued work has run.
+//! - The queued work is recorded on the tracker of every array and buffer it touches (pack
+//!   reads the arrays and writes the pack buffer, unpack the reverse), so it is ordered after
+//!   earlier work on them (any stream; for what it only reads, after their last write), later
+//!   work waits for it as the tracker's rule says, and dropping an array or the packer while
+//!   it is pending is safe. A dropped array waits for the work. The packer's packed buffers go
+//!   back to the pool still tracked, without waiting (a buffer the full pool does not take
+//!   waits, then is freed); on CUDA its descriptor tables wait for the launches reading them,
+//!   so dropping a CUDA packer blocks until its queued work has run.
 //! - `unpack` writes through shared references, like a copy queued on the stream: only tracked
 //!   work (copies, `to_vec`, drops) can observe the arrays, and it runs after the unpack. One
 //!   array may appear in several exchanges; their unpack regions must then be disjoint.
@@ -31,7 +33,7 @@ use crate::cuda::halo::HaloDirection;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::memory::sealed::Sealed;
-use crate::memory::tracker::UseTracker;
+use crate::memory::tracker::{Access, UseTracker};
 use crate::memory::{DeviceBuffer, Element};
 use crate::stream::Stream;
 
@@ -369,11 +371,17 @@ impl HaloPacker {
             Direction::Unpack => self.unpack_buf.get()?,
         };
         let packed = buffer.raw_parts().ptr;
-        let mut trackers: Vec<&UseTracker> = vec![buffer.raw_parts().tracker];
+        // Pack reads the arrays and writes the buffer; unpack the reverse. Each array is
+        // listed once (one may serve several exchanges; named twice it would count as written).
+        let (array_access, buffer_access) = match direction {
+            Direction::Pack => (Access::Read, Access::Write),
+            Direction::Unpack => (Access::Write, Access::Read),
+        };
+        let mut trackers: Vec<(&UseTracker, Access)> = vec![(buffer.raw_parts().tracker, buffer_access)];
         for a in arrays.x.iter().chain(arrays.y.unwrap_or(&[])) {
             let tracker = a.raw_parts().tracker;
-            if !trackers.iter().any(|t| std::ptr::eq(*t, tracker)) {
-                trackers.push(tracker);
+            if !trackers.iter().any(|(t, _)| std::ptr::eq(*t, tracker)) {
+                trackers.push((tracker, array_access));
             }
         }
         match &mut self.backend {
@@ -402,7 +410,9 @@ impl HaloPacker {
                 let (ordinal, placement) = (*ordinal, *placement);
                 table.bind(&stream, transfers, &bases, packed, placement)?;
                 let table: &DeviceTable = table;
-                trackers.push(table.buffer().raw_parts().tracker);
+                // The launch only reads the descriptor table (its uploads are tracked copies,
+                // which write it and so wait for the launches reading it).
+                trackers.push((table.buffer().raw_parts().tracker, Access::Read));
                 UseTracker::use_on(&stream, &trackers, || {
                     // SAFETY: the table was just bound to these addresses and this placement,
                     // and the launch is recorded on the trackers of every array, the packed

@@ -13,12 +13,18 @@
 //!   linop uses it: memory would be allocated on the stream's device but labelled with the
 //!   spec's.
 //! - Everything is queued asynchronously; only [`Array::from_slice`] (until the data has been
-//!   read) and [`Array::to_vec`] block. Ordering between operations on a buffer comes from the
+//!   read) and [`Array::to_vec`] block. Dropping an array never waits: memory linop allocated
+//!   (arrays from [`Array::from_slice`], [`Array::zeros`] and operators, transfer staging) is
+//!   freed by a background thread once the work queued on it has finished. A buffer passed
+//!   to [`Array::from_buffer`] keeps its own drop rule (waits). Ordering between operations on a buffer comes from the
 //!   buffer's use tracking (see [`crate::memory`]), so any stream may consume an array.
 //! - Errors of queued work (a kernel job that panicked) are kept by the stream it ran on;
-//!   [`Array::to_vec`] and [`Array::synchronize`] report a pending one of the array's compute
-//!   stream (where the operators that produced the array ran), as
-//!   [`Stream::query`](crate::Stream::query) would.
+//!   [`Array::to_vec`] and [`Array::synchronize`] report a pending one, as
+//!   [`Stream::query`](crate::Stream::query) would, of the array's compute stream and of every
+//!   other stream its data came through: an array remembers the streams upstream of it (the
+//!   compute and transfer streams of other specs its inputs were made on, carried through
+//!   every operator, a [`ToDevice`](super::ToDevice) and [`Array::with_spec`]). A tile's job
+//!   that failed on another device's stream is therefore reported by the batched result.
 //!
 //! # Examples
 //!
@@ -46,6 +52,7 @@ use crate::device::{Device, DeviceSpec};
 use crate::error::{Error, Result};
 use crate::memory::pageable::PageableSlice;
 use crate::memory::DeviceBuffer;
+use crate::stream::Stream;
 
 /// Something an array keeps alive with its buffer (a staging buffer of a transfer).
 pub(crate) type KeepAlive = Arc<dyn Any + Send + Sync>;
@@ -65,6 +72,8 @@ pub struct Array<T: Field> {
     spec: DeviceSpec,
     /// Kept alive until the array and its views are gone (transfer staging).
     keep: Option<KeepAlive>,
+    /// Streams other than the compute stream whose work produced the data (no duplicates).
+    upstream: Option<Arc<[Stream]>>,
 }
 
 impl<T: Field> fmt::Debug for Array<T> {
@@ -94,7 +103,7 @@ impl<T: Field> Array<T> {
         if n != data.len() {
             return Err(Error::invalid(format!("shape {shape:?} needs {n} elements, got {}", data.len())));
         }
-        let buf = DeviceBuffer::from_slice(&spec.compute_stream, data)?;
+        let buf = DeviceBuffer::from_slice(&spec.compute_stream, data)?.with_deferred_free();
         Ok(Self::from_parts(spec.clone(), Arc::new(buf), 0, shape.to_vec(), row_major(shape)))
     }
 
@@ -106,7 +115,7 @@ impl<T: Field> Array<T> {
     /// on another device than `spec.device`; errors of [`DeviceBuffer::zeroed`].
     pub fn zeros(spec: &DeviceSpec, shape: &[usize]) -> Result<Self> {
         check_spec(spec)?;
-        let buf = DeviceBuffer::zeroed(&spec.compute_stream, numel(shape)?)?;
+        let buf = DeviceBuffer::zeroed(&spec.compute_stream, numel(shape)?)?.with_deferred_free();
         Ok(Self::from_parts(spec.clone(), Arc::new(buf), 0, shape.to_vec(), row_major(shape)))
     }
 
@@ -152,7 +161,7 @@ impl<T: Field> Array<T> {
         shape: Vec<usize>,
         strides: Vec<usize>,
     ) -> Self {
-        Array { buf, offset, shape, strides, spec, keep: None }
+        Array { buf, offset, shape, strides, spec, keep: None, upstream: None }
     }
 
     /// A row-major array over a whole fresh buffer.
@@ -162,6 +171,29 @@ impl<T: Field> Array<T> {
 
     pub(crate) fn with_keep(mut self, keep: KeepAlive) -> Self {
         self.keep = Some(keep);
+        self
+    }
+
+    /// `self`, made by work that read `inputs` (and ran on `extra`, a transfer stream): the
+    /// streams upstream of the inputs, and the inputs' compute streams, become upstream of
+    /// `self`, so their pending errors are reported by [`Array::to_vec`].
+    pub(crate) fn produced_from<'a>(
+        mut self,
+        inputs: impl IntoIterator<Item = &'a Array<T>>,
+        extra: Option<&Stream>,
+    ) -> Self {
+        let mut streams: Vec<Stream> = self.upstream.as_deref().map(<[Stream]>::to_vec).unwrap_or_default();
+        let mut add = |s: &Stream| {
+            if s.id() != self.spec.compute_stream.id() && !streams.iter().any(|t| t.id() == s.id()) {
+                streams.push(s.clone());
+            }
+        };
+        for x in inputs {
+            add(&x.spec.compute_stream);
+            x.upstream.iter().flat_map(|u| u.iter()).for_each(&mut add);
+        }
+        extra.into_iter().for_each(add);
+        self.upstream = (!streams.is_empty()).then(|| streams.into());
         self
     }
 
@@ -242,7 +274,7 @@ impl<T: Field> Array<T> {
         }
         let mut out = self.clone();
         out.spec = spec.clone();
-        Ok(out)
+        Ok(out.produced_from([self], None))
     }
 
     /// A view of `range` along `axis` (no copy).
@@ -309,9 +341,9 @@ impl<T: Field> Array<T> {
     ///
     /// # Errors
     ///
-    /// Errors of the copies; a pending error of queued work on the compute stream (a kernel
-    /// job that panicked, [`Error::HostFnPanicked`]), reported once, as
-    /// [`Stream::query`](crate::Stream::query) does.
+    /// Errors of the copies; a pending error of queued work on the compute stream or a stream
+    /// upstream of the array (a kernel job that panicked, [`Error::HostFnPanicked`]), reported
+    /// once, as [`Stream::query`](crate::Stream::query) does.
     pub fn to_vec(&self) -> Result<Vec<T>> {
         let a = self.contiguous()?;
         let n = a.len();
@@ -321,7 +353,7 @@ impl<T: Field> Array<T> {
             copy_range(&a.spec.compute_stream, &*a.buf, a.offset, &mut dst, 0, n)?;
             dst.wait()?;
         }
-        pending_error(&a.spec)?;
+        a.pending_error()?;
         Ok(out)
     }
 
@@ -330,10 +362,21 @@ impl<T: Field> Array<T> {
     /// # Errors
     ///
     /// As [`DeviceBuffer::synchronize`]; then a pending error of queued work on the compute
-    /// stream, as for [`Array::to_vec`].
+    /// stream or a stream upstream, as for [`Array::to_vec`].
     pub fn synchronize(&self) -> Result<()> {
         self.buf.synchronize()?;
-        pending_error(&self.spec)
+        self.pending_error()
+    }
+
+    /// A pending error of work queued on the compute stream or a stream upstream (taken:
+    /// reported once; the first found, the others stay pending). Call it after waiting for
+    /// the array's data.
+    fn pending_error(&self) -> Result<()> {
+        self.spec.compute_stream.query()?;
+        for s in self.upstream.iter().flat_map(|u| u.iter()) {
+            s.query()?;
+        }
+        Ok(())
     }
 }
 
@@ -354,12 +397,6 @@ pub(crate) fn check_spec(spec: &DeviceSpec) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// A pending error of work queued on `spec`'s compute stream (taken: reported once). Call it
-/// after waiting for that work.
-fn pending_error(spec: &DeviceSpec) -> Result<()> {
-    spec.compute_stream.query().map(drop)
 }
 
 /// The product of `shape`, or an error on overflow (0 for a shape with an axis of 0, whatever

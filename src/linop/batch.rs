@@ -8,8 +8,8 @@
 //! - Placement: a tile on device spec `dev` becomes `ToDevice(base -> dev)`, the tile (its
 //!   parameters copied to `dev`, [`Linop::place_on`](super::Linop::place_on)), `ToDevice(dev -> base)`. Tiles on
 //!   different specs are queued on their own compute streams, and transfers are pipelined
-//!   (see [`transfer_stream`](super::transfer_stream)); tiles reading one input do not yet
-//!   overlap (the known gaps in the [module rules](super)).
+//!   (see [`transfer_stream`](super::transfer_stream)); tiles reading one input run at once,
+//!   as reads of one buffer do (the [module rules](super)).
 //! - The device matrix is indexed by the tile index, repeated (and truncated) along each axis
 //!   when it is smaller than the tile grid; axes it lacks (it may have fewer than the grid)
 //!   count as size 1. A device matrix with more axes than the spec has dims, or with an entry

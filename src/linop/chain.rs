@@ -2,7 +2,8 @@
 //!
 //! Rules:
 //! - `Chain::new(vec![a, b, c])` computes `c(b(a(x)))`: each operator's output dims (names
-//!   and sizes, in order) must equal the next one's input dims; otherwise it is an error.
+//!   and sizes, in order) must equal the next one's input dims; otherwise it is an error. A
+//!   dim in both the chain's input and output is a batch dim and must have one size.
 //! - The adjoint is the chain of adjoints in reverse order.
 //! - Dims between operators are the chain's internal dims ([`Linop::dim_size`] reports them).
 //! - A split along `d` splits every operator that knows `d`. It is exact only when `d` is
@@ -32,7 +33,7 @@ use std::sync::Arc;
 use super::array::Array;
 use super::dims::Dims;
 use super::field::Field;
-use super::op::{check_input, check_split, dim_role, DimRole, Linop, LinopRef};
+use super::op::{check_batch_dims, check_input, check_split, dim_role, DimRole, Linop, LinopRef};
 use crate::device::DeviceSpec;
 use crate::error::{Error, Result};
 
@@ -49,8 +50,9 @@ impl<T: Field> Chain<T> {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for no operators, or when an operator's output dims differ
-    /// from the next one's input dims.
+    /// [`Error::InvalidArgument`] for no operators, when an operator's output dims differ
+    /// from the next one's input dims, or when a dim in both the chain's input and output dims
+    /// has two sizes.
     pub fn new(ops: Vec<LinopRef<T>>) -> Result<Self> {
         if ops.is_empty() {
             return Err(Error::invalid("a Chain of no operators"));
@@ -67,7 +69,11 @@ impl<T: Field> Chain<T> {
                 )));
             }
         }
-        Ok(Self::unchecked(ops))
+        let chain = Self::unchecked(ops);
+        // A name entering and leaving the chain is a batch dim: one size (the chain may
+        // consume it and produce it again, but not with another size).
+        check_batch_dims("Chain", &chain.idims, &chain.odims)?;
+        Ok(chain)
     }
 
     /// A chain whose dims are known to match (built by the crate). `ops` must not be empty.

@@ -40,7 +40,7 @@ use super::compute;
 use super::dims::Dims;
 use super::field::Field;
 use super::identity::split_internal;
-use super::op::{check_input, check_split, dim_role, DimRole, Linop, LinopRef};
+use super::op::{check_batch_dims, check_input, check_split, dim_role, DimRole, Linop, LinopRef};
 use crate::device::DeviceSpec;
 use crate::error::{Error, Result};
 
@@ -100,7 +100,8 @@ impl<T: Field> Concat<T> {
     ///
     /// [`Error::InvalidArgument`] for no operators, neither dim given, a missing dim, dims
     /// that disagree between operators, a concatenated dim that also appears on the other
-    /// side outside a block-diagonal pair, or a concatenated size that overflows `usize`.
+    /// side outside a block-diagonal pair, a concatenated size that overflows `usize`, or a
+    /// dim in both the joined input and output dims with two sizes.
     pub fn new(ops: Vec<LinopRef<T>>, idim: Option<&str>, odim: Option<&str>) -> Result<Self> {
         if ops.is_empty() {
             return Err(Error::invalid("a Concat of no operators"));
@@ -130,6 +131,7 @@ impl<T: Field> Concat<T> {
         }
         let idims = joined(&ops, idim, "input", |o| o.idims())?;
         let odims = joined(&ops, odim, "output", |o| o.odims())?;
+        check_batch_dims("Concat", &idims, &odims)?;
         Ok(Concat { ops, idim: idim.map(str::to_owned), odim: odim.map(str::to_owned), idims, odims })
     }
 

@@ -28,9 +28,9 @@ use super::array::Array;
 use super::compute;
 use super::dims::Dims;
 use super::field::Field;
-use super::op::{check_input, check_split, restrict, Linop, LinopRef};
+use super::op::{check_batch_dims, check_input, check_split, restrict, Linop, LinopRef};
 use crate::device::DeviceSpec;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// The identity on `dims`.
 #[derive(Clone, Debug)]
@@ -135,19 +135,10 @@ impl Zero {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] when a dim in both `idims` and `odims` (a batch dim) has two
-    /// sizes.
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when a dim in both `idims`
+    /// and `odims` (a batch dim) has two sizes.
     pub fn new(idims: Dims, odims: Dims) -> Result<Self> {
-        for (n, &s) in idims.names().iter().zip(idims.sizes()) {
-            if let Some(o) = odims.size_of(n) {
-                if o != s {
-                    return Err(Error::invalid(format!(
-                        "Zero: dim {n:?} is {s} in the input and {o} in the output; a dim on both sides \
-                         is one dim with one size"
-                    )));
-                }
-            }
-        }
+        check_batch_dims("Zero", &idims, &odims)?;
         Ok(Zero { idims, odims })
     }
 
@@ -169,7 +160,7 @@ impl<T: Field> Linop<T> for Zero {
     }
     fn apply(&self, x: &Array<T>) -> Result<Array<T>> {
         check_input(self, x)?;
-        Array::zeros(x.spec(), self.odims.sizes())
+        Ok(Array::zeros(x.spec(), self.odims.sizes())?.produced_from([x], None))
     }
     fn adjoint(&self) -> LinopRef<T> {
         Arc::new(Zero { idims: self.odims.clone(), odims: self.idims.clone() })
@@ -189,7 +180,7 @@ impl<T: Field> Linop<T> for Zero {
 /// `op` restricted along a dim it does not know, inside a sum over tiles along an internal
 /// dim: the whole `op` in the tile starting at 0, zero in the others (so it counts once).
 /// (Used for a part lacking the dim; see [`split_internal`] for a part that has it.)
-pub(crate) fn once_in_first_tile<T: Field>(op: &LinopRef<T>, range: &Range<usize>) -> LinopRef<T> {
+fn once_in_first_tile<T: Field>(op: &LinopRef<T>, range: &Range<usize>) -> LinopRef<T> {
     if range.start == 0 {
         Arc::clone(op)
     } else {

@@ -16,13 +16,14 @@
 //!   compute streams of the device matrix's specs.
 //! - `apply` of a plain operator queues work and returns; reading a result back
 //!   ([`Array::to_vec`]) waits. Buffers order their uses across streams with events.
-//! - Known gaps, found by review and not yet fixed: composite operators (`Chain`, `Add`,
-//!   `Concat`, batched operators) drop their intermediate arrays inside `apply`, and a drop
-//!   waits for the work reading the array, so their `apply` returns only after that work ran;
-//!   every use of a buffer is ordered after the last one, reads included, so tiles that read
-//!   one input on different devices run one after another rather than at once; and an error
-//!   of a tile's job on another spec's stream is not reported by the batched result's
-//!   `to_vec`/`synchronize` (it stays pending on that stream).
+//! - Composite operators (`Chain`, `Add`, `Concat`, batched operators) return as soon as
+//!   their work is queued: the intermediates they drop inside `apply` are freed by a
+//!   background thread once the work reading them has finished (see [`Array`]).
+//! - Reads share a buffer (see [`crate::memory`]): tiles that read one input, or one weight,
+//!   on different specs run at once; a write still waits for every earlier read.
+//! - Errors of queued work travel with the data: an array's `to_vec`/`synchronize` report a
+//!   pending error of its compute stream and of every stream upstream of it (a tile's job on
+//!   another device included; see [`Array`]).
 //! - Adjoints are conjugate transposes: every operator passes the dot test
 //!   `|<Ax, y> - <x, A^H y>| <= 1e-5 |<Ax, y>|` in f64 on random data.
 //! - Arithmetic on CUDA arrays runs as CUDA kernels (csrc/linop.cu; compiled with nvcc, not

@@ -145,6 +145,22 @@ pub(crate) fn check_input<T: Field>(op: &dyn Linop<T>, x: &Array<T>) -> Result<(
     }
 }
 
+/// Checks that every dim in both `idims` and `odims` (a batch dim) has one size.
+pub(crate) fn check_batch_dims(what: &str, idims: &Dims, odims: &Dims) -> Result<()> {
+    for (n, &s) in idims.names().iter().zip(idims.sizes()) {
+        match odims.size_of(n) {
+            Some(o) if o != s => {
+                return Err(Error::invalid(format!(
+                    "{what}: dim {n:?} is {s} in the input and {o} in the output; a dim on both sides \
+                     is one dim with one size"
+                )))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Restricts `dims` to `range` of `dim` when it has that dim.
 pub(crate) fn restrict(dims: &Dims, dim: &str, range: &Range<usize>) -> Dims {
     dims.with_size(dim, range.end - range.start)

@@ -10,7 +10,10 @@
 //!   so is a grid whose tile count overflows `usize` (checked before anything is built).
 //! - Splitting along one dim may leave a tile without another, internal, dim (a block of a
 //!   `Concat` that lacks it); such a tile is whole in the first tile along that dim and
-//!   [`Zero`](super::Zero) in the others, so the tiles still sum to the operator.
+//!   [`Zero`](super::Zero) in the others, so the tiles still sum to the operator. It may also
+//!   leave a tile whose internal dim is smaller than the operator's (a `Concat` whose blocks
+//!   know it with different sizes): its range is clipped to the tile's size, and a range past
+//!   it is `Zero`. The order of the pairs therefore never decides whether a grid is accepted.
 //!
 //! # Examples
 //!
@@ -32,7 +35,7 @@ use std::ops::Range;
 use super::array::numel;
 use super::dims::{unknown_dim, Dims};
 use super::field::Field;
-use super::identity::once_in_first_tile;
+use super::identity::split_internal;
 use super::op::{Linop, LinopRef};
 use crate::error::{Error, Result};
 
@@ -117,12 +120,10 @@ pub fn split_linop<T: Field, S: AsRef<str>>(
     for _ in 0..count {
         let mut linop = op.clone_ref();
         for (axis, d) in dims.iter().enumerate() {
-            let range = ranges[axis][index[axis]].clone();
-            linop = match linop.dim_size(d) {
-                Some(_) => linop.split(d, range)?,
-                // An internal dim of a part this tile no longer holds: the tile counts once.
-                None => once_in_first_tile(&linop, &range),
-            };
+            // An input or output dim keeps its size through the splits along other dims; an
+            // internal dim may shrink (the tile kept only the parts where it is smaller) or
+            // vanish, so its range is clipped to the tile's size, as a sum's part does.
+            linop = split_internal(&linop, d, &ranges[axis][index[axis]])?;
         }
         let slices = |side: &Dims| -> Vec<Range<usize>> {
             side.names()

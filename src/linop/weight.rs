@@ -13,6 +13,7 @@ use super::array::Array;
 use super::compute;
 use super::dims::Dims;
 use super::field::Field;
+use super::op::check_batch_dims;
 use super::transfer::transfer;
 use crate::device::DeviceSpec;
 use crate::error::{Error, Result};
@@ -55,15 +56,7 @@ impl<T: Field> Weight<T> {
                 )));
             }
         }
-        for (n, &s) in idims.names().iter().zip(idims.sizes()) {
-            if let Some(o) = odims.size_of(n) {
-                if o != s {
-                    return Err(Error::invalid(format!(
-                        "{what}: dim {n:?} is {s} in the input and {o} in the output"
-                    )));
-                }
-            }
-        }
+        check_batch_dims(what, idims, odims)?;
         Ok(Weight { array, dims: dims.iter().map(|d| d.to_string()).collect(), conj: false })
     }
 

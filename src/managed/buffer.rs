@@ -3,9 +3,11 @@
 //! Rules:
 //! - A buffer is allocated on a stream (stream-ordered for CUDA pools); its first use on another
 //!   stream waits for the allocation. Later uses are ordered by its use tracker, like every
-//!   cuferry buffer.
-//! - Dropping the buffer frees it on the stream it was last used on, without a host wait for
-//!   CUDA pools (`cudaFreeAsync` after the last use); the fallback and host kinds wait first.
+//!   cuferry buffer (reads on several streams at once, a write after every earlier use).
+//! - Dropping the buffer frees it in stream order on the stream of one of its remembered uses
+//!   (the last write or a read since), made to wait for the others, without a host wait for
+//!   CUDA pools (`cudaFreeAsync` after every use); when a use is on a host stream or another
+//!   device's, and for the fallback and host kinds, the host waits first.
 //! - Host access goes through `as_slice`/`as_mut_slice`, which wait for queued uses first.
 //! - `prefetch` and `advise_*` need `concurrentManagedAccess` on CUDA (else
 //!   [`Error::Unsupported`] naming it); on the host backend, prefetch to the host and advice
@@ -24,7 +26,7 @@ use crate::device::Device;
 use crate::error::{record_drop_error, Error, Result};
 use crate::memory::allocation::byte_len;
 use crate::memory::sealed::{RawParts, Sealed};
-use crate::memory::tracker::UseTracker;
+use crate::memory::tracker::{Access, UseTracker};
 use crate::memory::{Element, Memory, MemoryKind};
 use crate::stream::Stream;
 
@@ -59,9 +61,9 @@ impl ManagedPool {
         let buf = self.allocate::<T>(len, stream, true)?;
         if let PoolKind::ManagedPool | PoolKind::MallocManaged = self.inner.kind {
             let (ptr, bytes) = (buf.ptr, buf.bytes());
-            UseTracker::use_on(stream, &[&buf.tracker], || {
-                // SAFETY: the allocation lives until its tracker's last use has run (Drop frees
-                // in stream order after it).
+            UseTracker::use_on(stream, &[(&buf.tracker, Access::Write)], || {
+                // SAFETY: the allocation lives until every use its tracker remembers has run
+                // (Drop frees in stream order after them).
                 unsafe { raw_memory::memset_async(ptr.cast(), 0, bytes, stream.cuda_raw()?) }
             })?;
         }
@@ -282,17 +284,17 @@ impl<T: Element> Drop for ManagedBuffer<T> {
         let freed = match self.pool.kind {
             PoolKind::ManagedPool => match self
                 .tracker
-                .last_stream()
-                .filter(|s| s.device() == self.pool.device)
-                .map(|s| s.cuda_raw())
+                .join_uses_on(|s| s.device() == self.pool.device && s.cuda_raw().is_ok())
+                .and_then(|joined| joined.map(|s| s.cuda_raw()).transpose())
             {
-                // Free in stream order after the last use: no host wait.
-                // SAFETY: every use is queued on (or ordered before) the last-use stream.
-                Some(Ok(stream)) => unsafe { self.pool.free_raw(self.ptr, bytes, Some(stream)) },
-                // Last used on a host stream (managed memory is host-accessible) or on another
+                // Free in stream order after every remembered use (the last write and each
+                // reader's stream, joined on one of their streams): no host wait.
+                // SAFETY: every use is queued on (or ordered before) the joined stream.
+                Ok(Some(stream)) => unsafe { self.pool.free_raw(self.ptr, bytes, Some(stream)) },
+                // A use on a host stream (managed memory is host-accessible) or on another
                 // device's stream (whose queued free the pool's recycling, which synchronizes
-                // only the pool's device, would not wait for): wait for that use, then free in
-                // order on the CUDA stream it was allocated on.
+                // only the pool's device, would not wait for), or a failed join: wait for every
+                // use, then free in order on the CUDA stream it was allocated on.
                 _ => self.tracker.wait_idle().and_then(|()| {
                     let origin = self.tracker.origin().map(Stream::cuda_raw).transpose()?;
                     // SAFETY: every use has finished; the free needs a CUDA stream (else an error).

@@ -28,7 +28,7 @@ use crate::cuda::managed::{self as raw, Batch};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::event::Event;
-use crate::memory::tracker::UseTracker;
+use crate::memory::tracker::{Access, UseTracker};
 use crate::stream::Stream;
 
 /// A byte range of one managed allocation, for the bulk functions. Made by
@@ -119,15 +119,17 @@ fn merge<'r>(ranges: impl Iterator<Item = &'r ManagedRange<'r>>) -> (Vec<(*mut u
     (out, total)
 }
 
-/// One tracker per allocation.
-fn trackers<'a>(ranges: &[ManagedRange<'a>]) -> Vec<&'a UseTracker> {
+/// One tracker per allocation, each declared written: prefetch and discard move (or drop)
+/// pages, which nothing may read or write meanwhile, so they are ordered after every earlier
+/// use and every later use after them (the conservative rule).
+fn trackers<'a>(ranges: &[ManagedRange<'a>]) -> Vec<(&'a UseTracker, Access)> {
     let mut seen: Vec<(u64, &'a UseTracker)> = Vec::new();
     for r in ranges {
         if !seen.iter().any(|(id, _)| *id == r.id) {
             seen.push((r.id, r.tracker));
         }
     }
-    seen.into_iter().map(|(_, t)| t).collect()
+    seen.into_iter().map(|(_, t)| (t, Access::Write)).collect()
 }
 
 /// Prefetches every range to its own location in one batched call; returns the bytes.

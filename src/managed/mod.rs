@@ -6,7 +6,7 @@
 //! - [`ManagedPool`] allocates from a managed memory pool (`cudaMallocFromPoolAsync`, ~1.4 us
 //!   per alloc+free against ~26.5 us for `cudaMallocManaged`+`cudaFree`, measured on an H100),
 //!   falling back to `cudaMallocManaged` only where the driver refuses managed pools.
-//! - [`ManagedBuffer`] frees in stream order after its last use and orders its uses like every
+//! - [`ManagedBuffer`] frees in stream order after all its uses and orders its uses like every
 //!   cuferry buffer.
 //! - [`prefetch_all`], [`advise_all`], [`discard_all`] and [`discard_and_prefetch_all`] make one
 //!   batched call for a set of buffers and count an allocation shared by several views once.

@@ -5,7 +5,11 @@
 //!   nothing.
 //! - CUDA device memory comes from `cudaMalloc`, pinned memory from `cudaHostAlloc`.
 //! - `Drop` waits for the tracker (every queued use) and then frees; failures are kept for
-//!   [`take_drop_error`](crate::take_drop_error), never panicked on.
+//!   [`take_drop_error`](crate::take_drop_error), never panicked on. An allocation marked
+//!   for deferred freeing ([`TrackedAllocation::defer_free`]) is handed to the
+//!   [reaper](super::reaper) instead of waiting, when its work has not finished.
+//! - An allocation that fails for lack of memory while deferred frees are pending waits for
+//!   them ([`reaper::drain`](super::reaper::drain)) and is tried once more.
 
 use std::alloc::{self, Layout};
 use std::os::raw::c_void;
@@ -14,6 +18,10 @@ use std::ptr::NonNull;
 use crate::cuda::memory as raw;
 use crate::error::{record_drop_error, Error, Result};
 use crate::memory::tracker::UseTracker;
+
+/// The end of the message of a host-backend allocation that failed for lack of memory (the
+/// one [`is_out_of_memory`] recognises).
+const HOST_OUT_OF_MEMORY: &str = "(out of memory)";
 
 /// Alignment of host-backend allocations.
 pub(crate) const HOST_ALIGN: usize = 4096;
@@ -36,6 +44,8 @@ pub(crate) struct TrackedAllocation {
     bytes: usize,
     origin: Origin,
     pub(crate) tracker: UseTracker,
+    /// Freed by the reaper after the queued work instead of waiting for it in `drop`.
+    deferred: bool,
 }
 
 // SAFETY: the allocation is plain memory owned by this value; access is synchronised by the
@@ -67,9 +77,34 @@ pub(crate) fn byte_len<T>(len: usize) -> Result<usize> {
     })
 }
 
+/// Runs `alloc`; when it fails for lack of memory while deferred frees are pending, waits for
+/// them and runs it once more.
+fn retry_after_deferred_frees<R>(mut alloc: impl FnMut() -> Result<R>) -> Result<R> {
+    match alloc() {
+        Err(err) if is_out_of_memory(&err) && super::reaper::pending() > 0 => {
+            super::reaper::drain();
+            alloc()
+        }
+        other => other,
+    }
+}
+
+/// Whether `err` is an allocation failing for lack of memory (CUDA's, or the host's).
+fn is_out_of_memory(err: &Error) -> bool {
+    match err {
+        Error::Cuda { name, .. } => *name == "cudaErrorMemoryAllocation",
+        Error::Unsupported { what } => what.ends_with(HOST_OUT_OF_MEMORY),
+        _ => false,
+    }
+}
+
 impl TrackedAllocation {
     /// Zeroed page-aligned host memory.
     pub(crate) fn host_zeroed(bytes: usize) -> Result<Self> {
+        retry_after_deferred_frees(|| Self::try_host_zeroed(bytes))
+    }
+
+    fn try_host_zeroed(bytes: usize) -> Result<Self> {
         if bytes == 0 {
             return Ok(Self::new(std::ptr::null_mut(), 0, Origin::Host(None)));
         }
@@ -77,20 +112,20 @@ impl TrackedAllocation {
             .map_err(|e| Error::invalid(format!("host allocation of {bytes} bytes: {e}")))?;
         // SAFETY: the layout has a non-zero size (checked above).
         let ptr = NonNull::new(unsafe { alloc::alloc_zeroed(layout) }).ok_or_else(|| {
-            Error::unsupported(format!("host allocation of {bytes} bytes failed (out of memory)"))
+            Error::unsupported(format!("host allocation of {bytes} bytes failed {HOST_OUT_OF_MEMORY}"))
         })?;
         Ok(Self::new(ptr.as_ptr(), bytes, Origin::Host(Some((ptr, layout)))))
     }
 
     /// Uninitialised device memory.
     pub(crate) fn cuda_device(ordinal: u32, bytes: usize) -> Result<Self> {
-        let ptr = raw::device_alloc(ordinal, bytes)?;
+        let ptr = retry_after_deferred_frees(|| raw::device_alloc(ordinal, bytes))?;
         Ok(Self::new(ptr.cast(), bytes, Origin::CudaDevice(ordinal)))
     }
 
     /// Pinned host memory (`CUFERRY_PINNED_*` flags), zeroed on the host.
     pub(crate) fn cuda_pinned_zeroed(ordinal: u32, bytes: usize, flags: u32) -> Result<Self> {
-        let ptr = raw::pinned_alloc(ordinal, bytes, flags)?;
+        let ptr = retry_after_deferred_frees(|| raw::pinned_alloc(ordinal, bytes, flags))?;
         if !ptr.is_null() {
             // SAFETY: `ptr` is a fresh host allocation of `bytes` bytes that nothing else uses.
             unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), 0, bytes) };
@@ -99,7 +134,22 @@ impl TrackedAllocation {
     }
 
     fn new(ptr: *mut u8, bytes: usize, origin: Origin) -> Self {
-        TrackedAllocation { ptr, bytes, origin, tracker: UseTracker::default() }
+        TrackedAllocation { ptr, bytes, origin, tracker: UseTracker::default(), deferred: false }
+    }
+
+    /// Marks the allocation to be freed by the [reaper](super::reaper) once its queued work
+    /// has finished, so that dropping it never waits.
+    pub(crate) fn defer_free(&mut self) {
+        self.deferred = true;
+    }
+
+    /// Moves the memory and its tracker out, leaving an empty allocation that frees nothing;
+    /// the result is unmarked (its drop waits).
+    fn take(&mut self) -> TrackedAllocation {
+        let empty = Self::new(std::ptr::null_mut(), 0, Origin::Host(None));
+        let mut out = std::mem::replace(self, empty);
+        out.deferred = false;
+        out
     }
 
     /// The start of the memory (null when `bytes == 0`).
@@ -115,6 +165,13 @@ impl TrackedAllocation {
 
 impl Drop for TrackedAllocation {
     fn drop(&mut self) {
+        if self.deferred && !matches!(self.tracker.is_idle(), Ok(true)) {
+            match super::reaper::defer(self.take()) {
+                Ok(()) => return,
+                // No reaper: wait and free here, as an unmarked allocation.
+                Err(mut back) => std::mem::swap(self, &mut back),
+            }
+        }
         if let Err(err) = self.tracker.wait_idle() {
             // The queued work's fate is unknown: leaking is the only safe choice.
             record_drop_error(err);
@@ -136,5 +193,60 @@ impl Drop for TrackedAllocation {
         if let Err(err) = freed {
             record_drop_error(err);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use super::{retry_after_deferred_frees, Error};
+    use crate::copy::copy;
+    use crate::device::Device;
+    use crate::memory::DeviceBuffer;
+    use crate::stream::test_gate::Gate;
+    use crate::stream::Stream;
+
+    fn out_of_memory() -> Error {
+        Error::Cuda {
+            call: "cudaMalloc",
+            code: 2,
+            name: "cudaErrorMemoryAllocation",
+            description: "out of memory",
+        }
+    }
+
+    /// An allocation failing for lack of memory while a deferred free waits for its work is
+    /// tried again after that work (and the free); other failures are returned at once.
+    #[test]
+    fn out_of_memory_waits_for_deferred_frees_then_retries() {
+        let fresh = Stream::new(Device::Host).unwrap();
+        let src = DeviceBuffer::from_slice(&fresh, &[7u16; 256]).unwrap().with_deferred_free();
+        let mut dst = DeviceBuffer::<u16>::zeroed(&fresh, 256).unwrap();
+        let stream = Stream::new(Device::Host).unwrap();
+        let gate = Gate::hold(&stream);
+        copy(&stream, &src, &mut dst).unwrap();
+        drop(src); // deferred: its copy waits behind the gate
+        let calls = AtomicUsize::new(0);
+        let opener = gate.open_after(Duration::from_millis(20));
+        let got = retry_after_deferred_frees(|| match calls.fetch_add(1, Ordering::SeqCst) {
+            0 => Err(out_of_memory()),
+            _ => Ok(gate.passed()),
+        });
+        opener.join().unwrap();
+        assert_eq!(got, Ok(true), "the retry ran before the deferred free's work");
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+
+        let calls = AtomicUsize::new(0);
+        let got: Result<(), Error> = retry_after_deferred_frees(|| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Err(Error::invalid("not a lack of memory"))
+        });
+        assert!(matches!(got, Err(Error::InvalidArgument { .. })));
+        // The host allocator's own failure is recognised as a lack of memory.
+        let host = super::TrackedAllocation::host_zeroed(isize::MAX as usize - 4095).map(drop);
+        assert!(host.as_ref().is_err_and(super::is_out_of_memory), "{host:?}");
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "a failure other than out-of-memory was retried");
     }
 }

@@ -8,7 +8,7 @@ use std::marker::PhantomData;
 use super::allocation::{byte_len, TrackedAllocation};
 use super::pageable::PageableSlice;
 use super::sealed::{RawParts, Sealed};
-use super::tracker::UseTracker;
+use super::tracker::{Access, UseTracker};
 use super::{Element, Memory, MemoryKind};
 use crate::copy::copy_range;
 use crate::cuda::memory as raw;
@@ -56,6 +56,13 @@ impl<T: Element> DeviceBuffer<T> {
         Ok(DeviceBuffer { alloc, len, device, _element: PhantomData })
     }
 
+    /// The buffer, freed after its queued work by the reaper instead of waiting in `drop`
+    /// (linop's arrays).
+    pub(crate) fn with_deferred_free(mut self) -> Self {
+        self.alloc.defer_free();
+        self
+    }
+
     /// Allocates `len` zeroed elements on `stream`'s device; on CUDA the zeroing is queued on
     /// `stream` (later uses on any stream are ordered after it).
     ///
@@ -68,7 +75,7 @@ impl<T: Element> DeviceBuffer<T> {
         let buf = unsafe { Self::uninit(stream.device(), len)? };
         if let Device::Cuda(_) = buf.device {
             let (ptr, bytes) = (buf.alloc.ptr(), buf.alloc.bytes());
-            UseTracker::use_on(stream, &[&buf.alloc.tracker], || {
+            UseTracker::use_on(stream, &[(&buf.alloc.tracker, Access::Write)], || {
                 // SAFETY: the allocation is alive until its tracker is idle, which Drop awaits.
                 unsafe { raw::memset_async(ptr.cast(), 0, bytes, stream.cuda_raw()?) }
             })?;

@@ -1,9 +1,15 @@
 //! Memory: device buffers, pinned host buffers and registered host memory.
 //!
 //! Rules:
-//! - Every buffer tracks its queued uses (see `tracker`): operations on one buffer run in the
-//!   order they were queued, even across streams; host access and freeing wait for them.
+//! - Every buffer tracks its queued uses (see `tracker`), each declared a read or a write. A
+//!   read waits for the last write; a write waits for the last write and every read since it,
+//!   whichever streams they were queued on. Reads of one buffer on different streams (the
+//!   source of two copies, one input of two tiles) therefore run at once, while uses involving
+//!   a write keep the order they were queued in. Host access and freeing wait for every use.
 //!   Dropping a buffer with copies pending is therefore safe: the drop blocks until they finish.
+//!   (The arrays of [`crate::linop`] are the one exception: their memory is freed after the
+//!   queued work by a background thread, so that dropping an intermediate never blocks; see
+//!   the reaper's rules in `memory/reaper.rs`.)
 //! - Host access to pinned or registered memory goes through `as_slice`/`as_mut_slice`, which
 //!   synchronise first; a queued write needs `&mut`, so the borrow checker rules out a host
 //!   read racing a copy into the same buffer.
@@ -36,6 +42,7 @@ pub(crate) mod allocation;
 mod device;
 pub(crate) mod pageable;
 mod pinned;
+pub(crate) mod reaper;
 mod registered;
 pub(crate) mod tracker;
 

@@ -66,6 +66,13 @@ impl<T: Element> PinnedBuffer<T> {
         Self::with_options(device, len, PinnedOptions::default())
     }
 
+    /// The buffer, freed after its queued work by the reaper instead of waiting in `drop`
+    /// (linop's transfer staging).
+    pub(crate) fn with_deferred_free(mut self) -> Self {
+        self.alloc.defer_free();
+        self
+    }
+
     /// Like [`PinnedBuffer::zeroed`] with explicit allocation options (ignored on the host
     /// backend).
     ///

@@ -22,7 +22,7 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::memory::sealed::Sealed;
-use crate::memory::tracker::UseTracker;
+use crate::memory::tracker::{Access, UseTracker};
 use crate::memory::{DeviceBuffer, HostRegistration, Memory, MemoryKind, PinnedBuffer};
 use crate::stream::Stream;
 
@@ -447,7 +447,10 @@ impl TransferBackend for StreamTransferBackend {
         let d = self.dev(device)?;
         let tracker: &UseTracker = d.buffer.raw_parts().tracker;
         // An empty use on the consumer's stream: the slot's next upload is ordered after it.
-        UseTracker::use_on(stream, &[tracker], || Ok(()))
+        // Declared a write: the consumer's untracked work on the slot may have written it, and
+        // a write orders every later use (the next upload included) after this point, as the
+        // rule before shared reads did.
+        UseTracker::use_on(stream, &[(tracker, Access::Write)], || Ok(()))
     }
 
     fn device_slot(&self, device: usize) -> Result<&DeviceBuffer<u8>> {

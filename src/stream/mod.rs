@@ -33,6 +33,8 @@
 
 mod cuda;
 pub(crate) mod host;
+#[cfg(test)]
+pub(crate) mod test_gate;
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};

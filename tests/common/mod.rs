@@ -131,3 +131,37 @@ impl Drop for L2FetchSetting {
         }
     }
 }
+
+/// A host function that holds a stream until the test lets it through: work queued later on
+/// the stream waits behind it. It opens on [`Gate::open`], when dropped, or after 10 s at
+/// most (so a failing test does not hang); [`Gate::passed`] turns true once it has run.
+pub struct Gate {
+    open: std::sync::mpsc::Sender<()>,
+    passed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Gate {
+    /// Queues the gate on `stream`.
+    pub fn hold(stream: &cuferry::Stream) -> Self {
+        let (open, gate) = std::sync::mpsc::channel::<()>();
+        let passed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = std::sync::Arc::clone(&passed);
+        stream
+            .host_fn(move || {
+                let _ = gate.recv_timeout(std::time::Duration::from_secs(10));
+                flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            })
+            .expect("queue the gate");
+        Gate { open, passed }
+    }
+
+    /// Lets the stream through.
+    pub fn open(&self) {
+        let _ = self.open.send(());
+    }
+
+    /// Whether the gate's job has run (the stream went past it).
+    pub fn passed(&self) -> bool {
+        self.passed.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}

@@ -5,7 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
-pub use common::{cuda_device, two_cuda_devices, Rng};
+pub use common::{cuda_device, two_cuda_devices, Gate, Rng};
 use std::sync::Arc;
 
 use cuferry::linop::{Add, Array, Chain, Concat, Dense, Diagonal, Dims, Field, Linop, LinopRef, Scalar};

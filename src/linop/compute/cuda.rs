@@ -13,7 +13,7 @@ use super::host::{Contraction, View};
 use crate::cuda::linop as raw;
 use crate::error::{Error, Result};
 use crate::memory::sealed::Sealed;
-use crate::memory::tracker::UseTracker;
+use crate::memory::tracker::{Access, UseTracker};
 use crate::memory::DeviceBuffer;
 use crate::stream::Stream;
 use crate::sys;
@@ -72,7 +72,8 @@ pub(crate) fn map<T: Field>(
     fill(&mut m.dst_strides, &dst_view.strides);
     let (s, d) = (src.raw_parts(), dst.raw_parts());
     let (sp, dp) = (s.ptr.cast::<c_void>().cast_const(), d.ptr.cast::<c_void>());
-    UseTracker::use_on(stream, &[s.tracker, d.tracker], || {
+    // `accumulate` reads `dst` too: still a write, which orders it after every earlier use.
+    UseTracker::use_on(stream, &[(s.tracker, Access::Read), (d.tracker, Access::Write)], || {
         // SAFETY: the views lie inside the buffers (the operators' shape checks), both are kept
         // alive and ordered by their trackers, and `dst` is borrowed mutably.
         unsafe { raw::map(T::KERNEL_CODE, &m, sp, dp, (alpha.re(), alpha.im()), stream.cuda_raw()?) }
@@ -105,9 +106,11 @@ pub(crate) fn contract<T: Field>(
     fill(&mut k.x_strides, &c.x_strides);
     fill(&mut k.w_strides, &c.w_strides);
     let (xp, wp, op) = (x.raw_parts(), w.raw_parts(), out.raw_parts());
-    let mut trackers = vec![op.tracker, xp.tracker];
+    // `x` and `w` are only read (and listed once when they share a buffer: named twice it
+    // would count as written); `out` is written.
+    let mut trackers = vec![(op.tracker, Access::Write), (xp.tracker, Access::Read)];
     if !std::ptr::eq(xp.tracker, wp.tracker) {
-        trackers.push(wp.tracker);
+        trackers.push((wp.tracker, Access::Read));
     }
     let (xr, wr, or) =
         (xp.ptr.cast::<c_void>().cast_const(), wp.ptr.cast::<c_void>().cast_const(), op.ptr.cast::<c_void>());

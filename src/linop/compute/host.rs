@@ -16,7 +16,7 @@ use super::super::layout::{collapse, walk};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::memory::sealed::Sealed;
-use crate::memory::tracker::UseTracker;
+use crate::memory::tracker::{Access, UseTracker};
 use crate::memory::DeviceBuffer;
 use crate::stream::Stream;
 
@@ -77,10 +77,12 @@ pub(crate) fn launch<T: Field>(
     }
     let in_parts: Vec<_> = inputs.iter().map(|b| b.raw_parts()).collect();
     let out_parts = output.raw_parts();
-    let mut trackers: Vec<&UseTracker> = vec![out_parts.tracker];
+    // The job writes the output and only reads the inputs (each listed once: named twice a
+    // buffer would count as written), so tiles reading one input on several streams overlap.
+    let mut trackers: Vec<(&UseTracker, Access)> = vec![(out_parts.tracker, Access::Write)];
     for p in &in_parts {
-        if !trackers.iter().any(|t| std::ptr::eq(*t, p.tracker)) {
-            trackers.push(p.tracker);
+        if !trackers.iter().any(|(t, _)| std::ptr::eq(*t, p.tracker)) {
+            trackers.push((p.tracker, Access::Read));
         }
     }
     let buffers = JobBuffers {

@@ -53,10 +53,11 @@ fn contiguous_view(shape: &[usize]) -> View {
 }
 
 /// A fresh zeroed row-major buffer for an output of `shape` on `spec` (whose streams must be
-/// on its device: the buffer is allocated on the compute stream's device).
+/// on its device: the buffer is allocated on the compute stream's device), freed after its
+/// queued work without blocking the drop (an intermediate of a composite operator).
 fn output<T: Field>(spec: &DeviceSpec, shape: &[usize]) -> Result<DeviceBuffer<T>> {
     super::array::check_spec(spec)?;
-    DeviceBuffer::zeroed(&spec.compute_stream, super::array::numel(shape)?)
+    Ok(DeviceBuffer::zeroed(&spec.compute_stream, super::array::numel(shape)?)?.with_deferred_free())
 }
 
 /// A row-major copy of `x` on its spec.
@@ -66,7 +67,7 @@ pub(crate) fn contiguous<T: Field>(x: &Array<T>) -> Result<Array<T>> {
         Device::Host => {
             let mut out = output::<T>(spec, x.shape())?;
             host::copy_view(&spec.compute_stream, x.buffer(), view(x), &mut out, contiguous_view(x.shape()))?;
-            Ok(Array::from_owned(spec, out, x.shape()))
+            Ok(Array::from_owned(spec, out, x.shape()).produced_from([x], None))
         }
         // The map kernel copies bit-exactly when its factor is 1.
         Device::Cuda(_) => scale(x, T::one()),
@@ -87,14 +88,14 @@ pub(crate) fn scale<T: Field>(x: &Array<T>, alpha: T) -> Result<Array<T>> {
                 &mut out,
                 contiguous_view(x.shape()),
             )?;
-            Ok(Array::from_owned(spec, out, x.shape()))
+            Ok(Array::from_owned(spec, out, x.shape()).produced_from([x], None))
         }
         Backend::Cuda => {
             let spec = x.spec();
             let mut out = output::<T>(spec, x.shape())?;
             let dst = contiguous_view(x.shape());
             cuda::map(&spec.compute_stream, alpha, x.buffer(), &view(x), &mut out, &dst, false)?;
-            Ok(Array::from_owned(spec, out, x.shape()))
+            Ok(Array::from_owned(spec, out, x.shape()).produced_from([x], None))
         }
     }
 }
@@ -131,7 +132,7 @@ pub(crate) fn sum<T: Field>(terms: &[Array<T>]) -> Result<Array<T>> {
                     contiguous_view(t.shape()),
                 )?;
             }
-            Ok(Array::from_owned(spec, out, first.shape()))
+            Ok(Array::from_owned(spec, out, first.shape()).produced_from(terms, None))
         }
         Backend::Cuda => {
             let spec = first.spec();
@@ -140,7 +141,7 @@ pub(crate) fn sum<T: Field>(terms: &[Array<T>]) -> Result<Array<T>> {
             for t in terms {
                 cuda::map(&spec.compute_stream, T::one(), t.buffer(), &view(t), &mut out, &dst, true)?;
             }
-            Ok(Array::from_owned(spec, out, first.shape()))
+            Ok(Array::from_owned(spec, out, first.shape()).produced_from(terms, None))
         }
     }
 }
@@ -187,7 +188,7 @@ pub(crate) fn concat<T: Field>(parts: &[Array<T>], axis: usize) -> Result<Array<
                 host::copy_view(&spec.compute_stream, p.buffer(), view(p), &mut out, dst)?;
                 start += p.shape()[axis];
             }
-            Ok(Array::from_owned(spec, out, &shape))
+            Ok(Array::from_owned(spec, out, &shape).produced_from(parts, None))
         }
         Backend::Cuda => {
             let spec = first.spec();
@@ -203,7 +204,7 @@ pub(crate) fn concat<T: Field>(parts: &[Array<T>], axis: usize) -> Result<Array<
                 cuda::map(&spec.compute_stream, T::one(), p.buffer(), &view(p), &mut out, &dst, false)?;
                 start += p.shape()[axis];
             }
-            Ok(Array::from_owned(spec, out, &shape))
+            Ok(Array::from_owned(spec, out, &shape).produced_from(parts, None))
         }
     }
 }
@@ -264,5 +265,5 @@ pub(crate) fn einsum<T: Field>(
         Backend::Host => host::contract(&spec.compute_stream, c, x.buffer(), w.buffer(), &mut out)?,
         Backend::Cuda => cuda::contract(&spec.compute_stream, &c, x.buffer(), w.buffer(), &mut out)?,
     }
-    Ok(Array::from_owned(spec, out, odims.sizes()))
+    Ok(Array::from_owned(spec, out, odims.sizes()).produced_from([x, w], None))
 }
