@@ -16,6 +16,14 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 step() { printf '\n== %s\n' "$*"; }
 
+# Disk: CI machines may have little free space (one run ran out during the MPI step). Builds
+# here keep line tables but no full debug info, and no incremental caches, which together
+# take about two thirds of a full debug build's target/.
+export CARGO_INCREMENTAL=0
+export CARGO_PROFILE_DEV_DEBUG=line-tables-only
+step "disk"
+df -h . | tail -n 1
+
 step "CUDA toolkit"
 cuda_home=$(scripts/install-cuda-toolkit.sh | tail -n 1)
 echo "CUDA toolkit: $cuda_home"
@@ -57,3 +65,7 @@ if [ "$mpi" = 1 ]; then
   step "MPI tests (mpirun on loopback)"
   CUFERRY_REQUIRE_MPI=1 cargo test --features mpi --lib --test mpi_halo --test mpi_linop
 fi
+
+step "disk used by the build"
+du -sh target 2>/dev/null || true
+df -h . | tail -n 1
