@@ -13,10 +13,12 @@
 //!   linop uses it: memory would be allocated on the stream's device but labelled with the
 //!   spec's.
 //! - Everything is queued asynchronously; only [`Array::from_slice`] (until the data has been
-//!   read) and [`Array::to_vec`] block. Dropping an array never waits: memory linop allocated
-//!   (arrays from [`Array::from_slice`], [`Array::zeros`] and operators, transfer staging) is
-//!   freed by a background thread once the work queued on it has finished. A buffer passed
-//!   to [`Array::from_buffer`] keeps its own drop rule (waits). Ordering between operations on a buffer comes from the
+//!   read) and [`Array::to_vec`] block. Dropping an array does not wait: memory linop
+//!   allocated (arrays from [`Array::from_slice`], [`Array::zeros`] and operators, transfer
+//!   staging) is freed by a background thread once the work queued on it has finished. Only
+//!   when 1024 such frees (or 4 GiB) are already pending does a drop wait for its own work,
+//!   so the host never runs unboundedly ahead. A buffer passed to [`Array::from_buffer`] keeps
+//!   its own drop rule (waits). Ordering between operations on a buffer comes from the
 //!   buffer's use tracking (see [`crate::memory`]), so any stream may consume an array.
 //! - Errors of queued work (a kernel job that panicked) are kept by the stream it ran on;
 //!   [`Array::to_vec`] and [`Array::synchronize`] report a pending one, as

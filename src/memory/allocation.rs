@@ -7,7 +7,8 @@
 //! - `Drop` waits for the tracker (every queued use) and then frees; failures are kept for
 //!   [`take_drop_error`](crate::take_drop_error), never panicked on. An allocation marked
 //!   for deferred freeing ([`TrackedAllocation::defer_free`]) is handed to the
-//!   [reaper](super::reaper) instead of waiting, when its work has not finished.
+//!   [reaper](super::reaper) instead of waiting, when its work has not finished and the
+//!   reaper's caps on pending frees allow.
 //! - An allocation that fails for lack of memory while deferred frees are pending waits for
 //!   them ([`reaper::drain`](super::reaper::drain)) and is tried once more.
 
@@ -168,7 +169,7 @@ impl Drop for TrackedAllocation {
         if self.deferred && !matches!(self.tracker.is_idle(), Ok(true)) {
             match super::reaper::defer(self.take()) {
                 Ok(()) => return,
-                // No reaper: wait and free here, as an unmarked allocation.
+                // No reaper, or its caps reached: wait and free here, as an unmarked one.
                 Err(mut back) => std::mem::swap(self, &mut back),
             }
         }

@@ -8,8 +8,8 @@
 //!   a write keep the order they were queued in. Host access and freeing wait for every use.
 //!   Dropping a buffer with copies pending is therefore safe: the drop blocks until they finish.
 //!   (The arrays of [`crate::linop`] are the one exception: their memory is freed after the
-//!   queued work by a background thread, so that dropping an intermediate never blocks; see
-//!   the reaper's rules in `memory/reaper.rs`.)
+//!   queued work by a background thread, so that dropping an intermediate does not block
+//!   while fewer than 1024 frees (4 GiB) wait; see the reaper's rules in `memory/reaper.rs`.)
 //! - Host access to pinned or registered memory goes through `as_slice`/`as_mut_slice`, which
 //!   synchronise first; a queued write needs `&mut`, so the borrow checker rules out a host
 //!   read racing a copy into the same buffer.
