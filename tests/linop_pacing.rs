@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use cuferry::linop::{Array, Chain, Dims, Linop, LinopRef, Scalar};
+use cuferry::linop::{Array, Chain, Dims, LinopRef, Scalar};
 use cuferry::{Device, DeviceSpec};
 use util::Gate;
 
