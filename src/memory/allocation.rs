@@ -18,6 +18,7 @@ use std::ptr::NonNull;
 
 use crate::cuda::memory as raw;
 use crate::error::{record_drop_error, Error, Result};
+use crate::memory::reaper::Capped;
 use crate::memory::tracker::UseTracker;
 
 /// The end of the message of a host-backend allocation that failed for lack of memory (the
@@ -153,6 +154,16 @@ impl TrackedAllocation {
         out
     }
 
+    /// Gives the memory up without freeing it (its queued work's fate is unknown), while
+    /// releasing the tracker's streams and events.
+    pub(crate) fn leak_memory(mut self) {
+        self.tracker = UseTracker::default();
+        self.origin = Origin::Host(None);
+        self.ptr = std::ptr::null_mut();
+        self.bytes = 0;
+        self.deferred = false;
+    }
+
     /// The start of the memory (null when `bytes == 0`).
     pub(crate) fn ptr(&self) -> *mut u8 {
         self.ptr
@@ -167,7 +178,9 @@ impl TrackedAllocation {
 impl Drop for TrackedAllocation {
     fn drop(&mut self) {
         if self.deferred && !matches!(self.tracker.is_idle(), Ok(true)) {
-            match super::reaper::defer(self.take()) {
+            // Inside a host stream's job, waiting could be for work queued behind that job.
+            let capped = if crate::stream::host::in_job() { Capped::No } else { Capped::Yes };
+            match super::reaper::defer(self.take(), capped) {
                 Ok(()) => return,
                 // No reaper, or its caps reached: wait and free here, as an unmarked one.
                 Err(mut back) => std::mem::swap(self, &mut back),

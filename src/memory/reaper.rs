@@ -1,5 +1,5 @@
 //! Deferred frees: allocations dropped while queued work still uses them, freed later by one
-//! background thread once that work has finished, so the dropping thread never waits.
+//! background thread once that work has finished, so the dropping thread does not wait.
 //!
 //! Rules:
 //! - Only allocations marked for it are deferred (linop's arrays and their transfer staging,
@@ -9,22 +9,26 @@
 //!   thread; otherwise it is handed to the reaper thread, started on first use.
 //! - The reaper frees each allocation as soon as its tracker is idle, in whatever order they
 //!   become idle: one held back by a long queue does not hold back the others. Between polls
-//!   it sleeps with a growing backoff (20 us to 1 ms), woken early by each new allocation.
-//! - When a tracker cannot be queried (the queued work's fate is unknown) the allocation is
+//!   it sleeps with a growing backoff (20 us to 1 ms), woken early by new allocations, all of
+//!   which it takes from its queue before the next poll.
+//! - When a tracker cannot be queried (the queued work's fate is unknown) the memory is
 //!   leaked and the error kept for [`take_drop_error`](crate::take_drop_error), as a waiting
-//!   drop does.
-//! - [`drain`] blocks until every deferred allocation has been freed or leaked. Allocators
-//!   call it after an out-of-memory failure and try once more, so memory waiting for its work
-//!   is not mistaken for memory in use.
+//!   drop does; the tracker's streams and events are released.
+//! - [`drain`] blocks until every allocation handed over before the call has been freed or
+//!   leaked (each carries a ticket); ones handed over later, by other threads, do not hold it
+//!   up. Allocators call it after an out-of-memory failure and try once more, so memory
+//!   waiting for its work is not mistaken for memory in use.
 //! - The host runs ahead of its queued work by a bounded amount: while [`MAX_PENDING`]
 //!   allocations, or [`MAX_PENDING_BYTES`] bytes, wait for their work, a marked drop that would
 //!   exceed either waits for its own work and frees, as an unmarked one (a loop of `apply`
 //!   without a read-back paces itself on that work instead of growing without bound). The
-//!   first pending allocation is always taken, whatever its size.
+//!   first pending allocation is always taken, whatever its size. A drop inside a host
+//!   stream's job is always taken: waiting there could be for work queued behind that job.
 //! - When the reaper thread cannot be started, the drop waits and frees as an unmarked one.
 //!   Allocations still pending when the process exits are not freed (the system reclaims
 //!   them).
 
+use std::collections::BTreeSet;
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -40,46 +44,69 @@ const BACKOFF: (Duration, Duration) = (Duration::from_micros(20), Duration::from
 /// launch queue lets the host run).
 pub(crate) const MAX_PENDING: usize = 1024;
 
-/// The most bytes waiting for their work at once (beyond the first pending allocation).
+/// The most bytes waiting for their work at once (a first allocation larger than this is taken
+/// all the same, and then no other until it is freed).
 pub(crate) const MAX_PENDING_BYTES: usize = 4 << 30;
 
-/// Allocations handed to a reaper and not yet freed, or the caps on them.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-struct Pending {
+/// Caps on the allocations a reaper holds.
+#[derive(Debug, Clone, Copy)]
+struct Caps {
     count: usize,
     bytes: usize,
 }
 
+/// Whether a drop is held to the caps (a drop inside a host stream's job is not).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Capped {
+    /// Refused past the caps.
+    Yes,
+    /// Taken whatever the caps.
+    No,
+}
+
+/// Allocations handed to a reaper and not yet freed: their tickets and bytes.
+#[derive(Debug, Default)]
+struct Pending {
+    outstanding: BTreeSet<u64>,
+    bytes: usize,
+    next_ticket: u64,
+}
+
 impl Pending {
     /// Whether one more allocation of `bytes` fits under `caps`.
-    fn admits(self, bytes: usize, caps: Pending) -> bool {
-        self.count == 0 || (self.count < caps.count && self.bytes.saturating_add(bytes) <= caps.bytes)
+    fn admits(&self, bytes: usize, caps: Caps) -> bool {
+        self.outstanding.is_empty()
+            || (self.outstanding.len() < caps.count && self.bytes.saturating_add(bytes) <= caps.bytes)
     }
 }
 
+/// A deferred allocation and its ticket.
+type Ticketed = (u64, TrackedAllocation);
+
 /// A reaper: its queue, its caps, and what was handed over and not yet freed.
 struct Reaper {
-    queue: Mutex<Sender<TrackedAllocation>>,
-    caps: Pending,
+    queue: Mutex<Sender<Ticketed>>,
+    caps: Caps,
     pending: Arc<Monitor<Pending>>,
 }
 
 /// The process's reaper, started on first use; `None` when its thread could not be started.
 fn global() -> Option<&'static Reaper> {
     static REAPER: OnceLock<Option<Reaper>> = OnceLock::new();
-    REAPER.get_or_init(|| Reaper::start(Pending { count: MAX_PENDING, bytes: MAX_PENDING_BYTES })).as_ref()
+    REAPER.get_or_init(|| Reaper::start(Caps { count: MAX_PENDING, bytes: MAX_PENDING_BYTES })).as_ref()
 }
 
-/// Hands `alloc` to the reaper; gives it back when there is no reaper or the caps are
-/// reached (the caller then waits for its work and frees it).
-pub(crate) fn defer(alloc: TrackedAllocation) -> Result<(), TrackedAllocation> {
+/// Hands `alloc` to the reaper; gives it back when there is no reaper or, `capped`, the caps
+/// are reached (the caller then waits for its work and frees it).
+pub(crate) fn defer(alloc: TrackedAllocation, capped: Capped) -> Result<(), TrackedAllocation> {
     match global() {
-        Some(r) => r.defer(alloc),
+        Some(r) => r.defer(alloc, capped),
         None => Err(alloc),
     }
 }
 
-/// Blocks until every allocation handed to the reaper so far has been freed (or leaked).
+/// Blocks until every allocation handed to the reaper before the call has been freed (or
+/// leaked).
 pub(crate) fn drain() {
     if let Some(r) = global() {
         r.drain();
@@ -88,13 +115,13 @@ pub(crate) fn drain() {
 
 /// The number of allocations waiting for their work before being freed.
 pub(crate) fn pending() -> usize {
-    global().map_or(0, |r| r.pending.lock().count)
+    global().map_or(0, |r| r.pending.lock().outstanding.len())
 }
 
 impl Reaper {
     /// Starts a reaper thread; `None` when it cannot be started.
-    fn start(caps: Pending) -> Option<Reaper> {
-        let (queue, inbox) = channel::<TrackedAllocation>();
+    fn start(caps: Caps) -> Option<Reaper> {
+        let (queue, inbox) = channel::<Ticketed>();
         let pending = Arc::new(Monitor::default());
         let counts = Arc::clone(&pending);
         std::thread::Builder::new()
@@ -105,66 +132,86 @@ impl Reaper {
     }
 
     /// See [`defer`].
-    fn defer(&self, alloc: TrackedAllocation) -> Result<(), TrackedAllocation> {
+    fn defer(&self, alloc: TrackedAllocation, capped: Capped) -> Result<(), TrackedAllocation> {
         let bytes = alloc.bytes();
-        let admitted = self.pending.update(|p| {
-            let fits = p.admits(bytes, self.caps);
-            if fits {
-                *p = Pending { count: p.count + 1, bytes: p.bytes + bytes };
+        let ticket = self.pending.update(|p| {
+            if capped == Capped::Yes && !p.admits(bytes, self.caps) {
+                return None;
             }
-            fits
+            let ticket = p.next_ticket;
+            p.next_ticket += 1;
+            p.outstanding.insert(ticket);
+            p.bytes += bytes;
+            Some(ticket)
         });
-        if !admitted {
-            return Err(alloc);
-        }
-        let sent = self.queue.lock().unwrap_or_else(|e| e.into_inner()).send(alloc);
+        let Some(ticket) = ticket else { return Err(alloc) };
+        let sent = self.queue.lock().unwrap_or_else(|e| e.into_inner()).send((ticket, alloc));
         sent.map_err(|back| {
-            finished(&self.pending, Pending { count: 1, bytes });
-            back.0
+            finished(&self.pending, &[ticket], bytes);
+            back.0 .1
         })
     }
 
     /// See [`drain`].
     fn drain(&self) {
-        drop(self.pending.wait_while(self.pending.lock(), |p| p.count > 0));
+        self.wait_for_tickets_before(self.next_ticket());
+    }
+
+    /// The ticket the next allocation handed over will get.
+    fn next_ticket(&self) -> u64 {
+        self.pending.lock().next_ticket
+    }
+
+    /// Blocks until every allocation whose ticket is below `end` has been freed or leaked.
+    fn wait_for_tickets_before(&self, end: u64) {
+        let waited =
+            self.pending.wait_while(self.pending.lock(), |p| p.outstanding.first().is_some_and(|&t| t < end));
+        drop(waited);
     }
 }
 
-/// Counts `done` as freed (or leaked) and wakes [`drain`].
-fn finished(pending: &Monitor<Pending>, done: Pending) {
+/// Counts the allocations of `tickets` (`bytes` in all) freed or leaked, and wakes [`drain`].
+fn finished(pending: &Monitor<Pending>, tickets: &[u64], bytes: usize) {
     pending.update(|p| {
-        *p = Pending { count: p.count.saturating_sub(done.count), bytes: p.bytes.saturating_sub(done.bytes) }
+        for t in tickets {
+            p.outstanding.remove(t);
+        }
+        p.bytes = p.bytes.saturating_sub(bytes);
     });
 }
 
 /// The reaper thread: frees allocations as their trackers become idle, counting them off
 /// `pending`; returns when the queue's sender is gone and nothing waits.
-fn serve(inbox: &Receiver<TrackedAllocation>, pending: &Monitor<Pending>) {
-    let mut waiting: Vec<TrackedAllocation> = Vec::new();
+fn serve(inbox: &Receiver<Ticketed>, pending: &Monitor<Pending>) {
+    let mut waiting: Vec<Ticketed> = Vec::new();
     let mut backoff = BACKOFF.0;
+    let mut done: Vec<u64> = Vec::new();
     loop {
-        let mut done = Pending::default();
+        let mut freed_bytes = 0;
         let mut k = 0;
         while k < waiting.len() {
-            match waiting[k].tracker.is_idle() {
+            match waiting[k].1.tracker.is_idle() {
                 Ok(false) => k += 1,
                 // Unmarked: its drop finds the work finished and frees at once.
                 Ok(true) => {
-                    let alloc = waiting.swap_remove(k);
-                    done = Pending { count: done.count + 1, bytes: done.bytes + alloc.bytes() };
+                    let (ticket, alloc) = waiting.swap_remove(k);
+                    freed_bytes += alloc.bytes();
+                    done.push(ticket);
                     drop(alloc);
                 }
-                // The work's fate is unknown: leaked, never freed.
+                // The work's fate is unknown: the memory is leaked, never freed.
                 Err(err) => {
                     record_drop_error(err);
-                    let alloc = waiting.swap_remove(k);
-                    done = Pending { count: done.count + 1, bytes: done.bytes + alloc.bytes() };
-                    std::mem::forget(alloc);
+                    let (ticket, alloc) = waiting.swap_remove(k);
+                    freed_bytes += alloc.bytes();
+                    done.push(ticket);
+                    alloc.leak_memory();
                 }
             }
         }
-        if done.count > 0 {
-            finished(pending, done);
+        if !done.is_empty() {
+            finished(pending, &done, freed_bytes);
+            done.clear();
             backoff = BACKOFF.0;
         }
         let next = if waiting.is_empty() {
@@ -173,8 +220,10 @@ fn serve(inbox: &Receiver<TrackedAllocation>, pending: &Monitor<Pending>) {
             inbox.recv_timeout(backoff)
         };
         match next {
-            Ok(alloc) => {
-                waiting.push(alloc);
+            Ok(first) => {
+                waiting.push(first);
+                // Everything queued meanwhile, before polling again.
+                waiting.extend(inbox.try_iter());
                 backoff = BACKOFF.0;
             }
             Err(RecvTimeoutError::Timeout) => backoff = (backoff * 2).min(BACKOFF.1),
@@ -188,7 +237,7 @@ fn serve(inbox: &Receiver<TrackedAllocation>, pending: &Monitor<Pending>) {
 mod tests {
     use std::time::Duration;
 
-    use super::{drain, pending, Pending, Reaper};
+    use super::{drain, pending, Capped, Caps, Reaper};
     use crate::copy::copy;
     use crate::device::Device;
     use crate::memory::allocation::TrackedAllocation;
@@ -232,24 +281,63 @@ mod tests {
     fn past_its_caps_a_reaper_hands_allocations_back() {
         let stream = Stream::new(Device::Host).unwrap();
         let gate = Gate::hold(&stream);
-        let by_count = Reaper::start(Pending { count: 2, bytes: usize::MAX }).unwrap();
+        let by_count = Reaper::start(Caps { count: 2, bytes: usize::MAX }).unwrap();
         for _ in 0..2 {
-            assert!(by_count.defer(gated_allocation(&stream, 64)).is_ok());
+            assert!(by_count.defer(gated_allocation(&stream, 64), Capped::Yes).is_ok());
         }
-        let refused = by_count.defer(gated_allocation(&stream, 64)).expect_err("a third taken");
-        assert_eq!(*by_count.pending.lock(), Pending { count: 2, bytes: 128 });
-        let by_bytes = Reaper::start(Pending { count: 100, bytes: 100 }).unwrap();
-        assert!(by_bytes.defer(gated_allocation(&stream, 4096)).is_ok(), "the first is refused");
-        let refused_bytes = by_bytes.defer(gated_allocation(&stream, 1)).expect_err("over the byte cap");
+        let refused = by_count.defer(gated_allocation(&stream, 64), Capped::Yes).expect_err("a third taken");
+        let uncapped = by_count.defer(gated_allocation(&stream, 64), Capped::No);
+        assert!(uncapped.is_ok(), "an uncapped drop was refused");
+        let held = |r: &Reaper| {
+            let p = r.pending.lock();
+            (p.outstanding.len(), p.bytes)
+        };
+        assert_eq!(held(&by_count), (3, 192));
+        let by_bytes = Reaper::start(Caps { count: 100, bytes: 100 }).unwrap();
+        assert!(by_bytes.defer(gated_allocation(&stream, 4096), Capped::Yes).is_ok(), "the first is refused");
+        let refused_bytes =
+            by_bytes.defer(gated_allocation(&stream, 1), Capped::Yes).expect_err("over the byte cap");
         assert!(!gate.passed(), "a defer waited for the gated work");
         let opener = gate.open_after(Duration::from_millis(20));
         by_count.drain();
         by_bytes.drain();
         assert!(gate.passed(), "drain returned before the work ran");
-        assert_eq!(*by_count.pending.lock(), Pending::default());
-        assert_eq!(*by_bytes.pending.lock(), Pending::default());
+        assert_eq!(held(&by_count), (0, 0));
+        assert_eq!(held(&by_bytes), (0, 0));
         drop((refused, refused_bytes));
         opener.join().unwrap();
+    }
+
+    /// `drain` waits for the allocations handed over before it, not for later ones: a thread
+    /// that keeps deferring frees cannot hold it up (it used to wait for the count to reach 0).
+    #[test]
+    fn drain_waits_only_for_allocations_handed_over_before_it() {
+        let reaper = Reaper::start(Caps { count: 100, bytes: usize::MAX }).unwrap();
+        let (early, late) = (Stream::new(Device::Host).unwrap(), Stream::new(Device::Host).unwrap());
+        let (early_gate, late_gate) = (Gate::hold(&early), Gate::hold(&late));
+        assert!(reaper.defer(gated_allocation(&early, 64), Capped::Yes).is_ok());
+        let end = reaper.next_ticket();
+        // Handed over after the drain began.
+        assert!(reaper.defer(gated_allocation(&late, 64), Capped::Yes).is_ok());
+        let opener = early_gate.open_after(Duration::from_millis(20));
+        reaper.wait_for_tickets_before(end);
+        assert!(early_gate.passed(), "drain returned before the earlier allocation's work");
+        assert!(!late_gate.passed(), "drain waited for an allocation handed over after it began");
+        opener.join().unwrap();
+        drop(late_gate);
+        reaper.drain();
+    }
+
+    /// An allocation whose tracker cannot be queried is leaked, but its tracker's streams are
+    /// released: the stream's worker thread ends once every handle to it is gone.
+    #[test]
+    fn a_leaked_allocation_releases_its_streams() {
+        let stream = Stream::new(Device::Host).unwrap();
+        let alloc = gated_allocation(&stream, 64);
+        stream.synchronize().unwrap();
+        assert!(stream.handle_count() > 1, "the tracker holds no handle to its stream");
+        alloc.leak_memory();
+        assert_eq!(stream.handle_count(), 1, "the leaked allocation kept its stream alive");
     }
 
     /// An unmarked buffer keeps the waiting drop; a marked one with no pending work is freed

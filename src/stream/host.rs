@@ -13,7 +13,10 @@
 //!   submitted while an inline one runs waits for it: queue order holds across threads. This
 //!   spares two thread hand-offs (worker wake-up, waiter wake-up), which cost more than a short
 //!   job itself.
+//! - A thread knows when it is running a job ([`in_job`]), so code that would wait for queued
+//!   work (a deferred free past its caps) can avoid waiting for work behind itself.
 
+use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -59,8 +62,10 @@ impl Progress {
     /// Runs one job (panics caught) while `running` (the execution lock) is held, releases
     /// it, and counts the job finished.
     fn run_holding(&self, job: Job, running: MutexGuard<'_, ()>) {
+        JOBS_RUNNING.with(|n| n.set(n.get() + 1));
         let outcome = catch_unwind(AssertUnwindSafe(job))
             .unwrap_or_else(|panic| Err(Error::HostFnPanicked { message: take_panic_message(panic) }));
+        JOBS_RUNNING.with(|n| n.set(n.get() - 1));
         drop(running);
         self.state.update(|st| {
             st.completed += 1;
@@ -69,6 +74,18 @@ impl Progress {
             }
         });
     }
+}
+
+thread_local! {
+    /// How many host-stream jobs the current thread is running (nested when a job runs
+    /// another queue's job inline).
+    static JOBS_RUNNING: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Whether the current thread is running a host-stream job (on a worker, or inline): a wait
+/// here for work queued behind the job would never end.
+pub(crate) fn in_job() -> bool {
+    JOBS_RUNNING.with(|n| n.get() > 0)
 }
 
 /// An in-order job queue with one worker thread.

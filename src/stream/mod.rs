@@ -74,6 +74,12 @@ impl fmt::Debug for Stream {
 }
 
 impl Stream {
+    /// How many handles to this stream exist (clones held by buffers' trackers included).
+    #[cfg(test)]
+    pub(crate) fn handle_count(&self) -> usize {
+        Arc::strong_count(&self.shared)
+    }
+
     /// A new stream on `device`.
     ///
     /// # Errors
@@ -219,7 +225,9 @@ impl Stream {
     /// Queues `f` to run on the host after the work queued before it; later work waits for it.
     ///
     /// On CUDA streams `f` runs on a CUDA-owned thread and **must not call CUDA**, directly or
-    /// by dropping cuferry buffers or streams (CUDA forbids it and may deadlock). A panic in `f`
+    /// by dropping cuferry buffers or streams (CUDA forbids it and may deadlock). On the host
+    /// backend `f` may drop linop arrays (their frees are deferred), but dropping another
+    /// buffer that has work queued behind `f` waits for that work, which never runs. A panic in `f`
     /// is caught and reported by the next [`Stream::synchronize`]. If the work before `f` hit a
     /// device error, `f` is dropped without running (on the CUDA thread) and `synchronize`
     /// reports the error.
