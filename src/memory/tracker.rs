@@ -22,9 +22,10 @@
 //!   on one buffer cannot interleave between an operation and its record.
 //! - An operation whose queueing failed is recorded too (it may have queued part of its work
 //!   before failing); when even the record fails, the host waits for the stream instead,
-//!   with the trackers still locked. That wait ends because no stream job ever takes a
-//!   tracker's lock: jobs touch memory and events only, never buffers' bookkeeping (keep it
-//!   so).
+//!   with the trackers still locked. cuferry's own jobs touch memory and events only, never
+//!   a tracker, so that wait ends; a user's host function on that stream queueing work on the
+//!   same buffers would deadlock it (record failures are rare: a dead host worker, a CUDA
+//!   error).
 //! - An operation locks its buffers' trackers in address order, whatever order the caller
 //!   lists them in: two threads queueing on the same buffers cannot deadlock.
 //! - Memory allocated in stream order (managed pools) names its allocation stream, which
