@@ -25,8 +25,15 @@
 //!   [`Stream::query`](crate::Stream::query) would, of the array's compute stream and of every
 //!   other stream its data came through: an array remembers the streams upstream of it (the
 //!   compute and transfer streams of other specs its inputs were made on, carried through
-//!   every operator, a [`ToDevice`](super::ToDevice) and [`Array::with_spec`]). A tile's job
-//!   that failed on another device's stream is therefore reported by the batched result.
+//!   every operator, a [`ToDevice`](super::ToDevice) and [`Array::with_spec`]; operators
+//!   written outside cuferry use [`Array::computed_from`]). A tile's job that failed on another
+//!   device's stream is therefore reported by the batched result. The error belongs to the
+//!   stream, not to one array: it is reported once, to the first reader of any array
+//!   downstream of that stream, so of two results sharing a stream either may report it.
+//! - Arrays remember upstream streams by handles that keep no stream alive (no worker
+//!   thread, no CUDA stream); a stream that is gone still reports a host job's error kept
+//!   before it went, and handles with nothing left to report are dropped as arrays are
+//!   computed from each other, so the list stays as short as the streams still of use.
 //!
 //! # Examples
 //!
@@ -54,7 +61,7 @@ use crate::device::{Device, DeviceSpec};
 use crate::error::{Error, Result};
 use crate::memory::pageable::PageableSlice;
 use crate::memory::DeviceBuffer;
-use crate::stream::Stream;
+use crate::stream::{Stream, StreamErrors};
 
 /// Something an array keeps alive with its buffer (a staging buffer of a transfer).
 pub(crate) type KeepAlive = Arc<dyn Any + Send + Sync>;
@@ -74,8 +81,9 @@ pub struct Array<T: Field> {
     spec: DeviceSpec,
     /// Kept alive until the array and its views are gone (transfer staging).
     keep: Option<KeepAlive>,
-    /// Streams other than the compute stream whose work produced the data (no duplicates).
-    upstream: Option<Arc<[Stream]>>,
+    /// Streams other than the compute stream whose work produced the data, by handles that
+    /// keep no stream alive (sorted by id, no duplicates, none spent when made).
+    upstream: Option<Arc<[StreamErrors]>>,
 }
 
 impl<T: Field> fmt::Debug for Array<T> {
@@ -184,19 +192,42 @@ impl<T: Field> Array<T> {
         inputs: impl IntoIterator<Item = &'a Array<T>>,
         extra: Option<&Stream>,
     ) -> Self {
-        let mut streams: Vec<Stream> = self.upstream.as_deref().map(<[Stream]>::to_vec).unwrap_or_default();
-        let mut add = |s: &Stream| {
-            if s.id() != self.spec.compute_stream.id() && !streams.iter().any(|t| t.id() == s.id()) {
-                streams.push(s.clone());
-            }
-        };
+        let mut streams: Vec<StreamErrors> = self.upstream.as_deref().map(<[_]>::to_vec).unwrap_or_default();
         for x in inputs {
-            add(&x.spec.compute_stream);
-            x.upstream.iter().flat_map(|u| u.iter()).for_each(&mut add);
+            streams.push(x.spec.compute_stream.errors());
+            streams.extend(x.upstream.iter().flat_map(|u| u.iter()).cloned());
         }
-        extra.into_iter().for_each(add);
+        streams.extend(extra.map(Stream::errors));
+        // Spent handles (streams gone, nothing left to report) are dropped, so a long chain of
+        // operators built on ever new specs keeps only the streams still of use.
+        let own = self.spec.compute_stream.id();
+        streams.retain(|s| s.id() != own && !s.is_spent());
+        streams.sort_unstable_by_key(StreamErrors::id);
+        streams.dedup_by_key(|s| s.id());
         self.upstream = (!streams.is_empty()).then(|| streams.into());
         self
+    }
+
+    /// `self`, marked as computed from `inputs`: for operators written outside cuferry, which
+    /// build their output with [`Array::from_buffer`]. The inputs' compute streams and the
+    /// streams upstream of them become upstream of `self`, so [`Array::to_vec`] of the output
+    /// (and of whatever is computed from it) reports an error pending there, a failed tile job
+    /// of an earlier batched operator included. Without it that error stays on its stream.
+    ///
+    /// ```
+    /// use cuferry::linop::Array;
+    /// use cuferry::{Device, DeviceSpec};
+    ///
+    /// let (a, b) = (DeviceSpec::new(Device::Host)?, DeviceSpec::new(Device::Host)?);
+    /// let x = Array::from_slice(&a, &[2], &[1.0f64, 2.0])?;
+    /// // A user's operator that computes on `b` from `x`:
+    /// let y = Array::<f64>::zeros(&b, &[2])?.computed_from(&[&x]);
+    /// assert_eq!(y.to_vec()?, [0.0, 0.0]);
+    /// # Ok::<(), cuferry::Error>(())
+    /// ```
+    #[must_use]
+    pub fn computed_from(self, inputs: &[&Array<T>]) -> Self {
+        self.produced_from(inputs.iter().copied(), None)
     }
 
     /// The shape.
@@ -376,7 +407,7 @@ impl<T: Field> Array<T> {
     fn pending_error(&self) -> Result<()> {
         self.spec.compute_stream.query()?;
         for s in self.upstream.iter().flat_map(|u| u.iter()) {
-            s.query()?;
+            s.take()?;
         }
         Ok(())
     }
@@ -435,6 +466,46 @@ mod tests {
         );
         // Reported once: the stream is clean afterwards.
         assert_eq!(Array::from_slice(&spec, &[2], &[1.0, 2.0]).unwrap().to_vec().unwrap(), [1.0, 2.0]);
+    }
+
+    /// A chain of operators over ever new specs (each dropped after its step) keeps only the
+    /// streams still of use upstream: the list used to grow by one per step, each entry
+    /// keeping a stream (a host worker thread, a CUDA stream) alive.
+    #[test]
+    fn upstream_keeps_only_streams_still_of_use() {
+        let first = DeviceSpec::new(Device::Host).unwrap();
+        let mut x = Array::from_slice(&first, &[4], &[1.0f64, 2.0, 3.0, 4.0]).unwrap();
+        for _ in 0..200 {
+            let spec = DeviceSpec::new(Device::Host).unwrap();
+            let mut out = DeviceBuffer::<f64>::zeroed(&spec.compute_stream, 4).unwrap();
+            let input = x.with_spec(&spec).unwrap();
+            compute::host::launch(&spec.compute_stream, &[&**input.buffer()], &mut out, |ins, out| {
+                out.iter_mut().zip(ins[0]).for_each(|(o, i)| *o = i + 1.0);
+            })
+            .unwrap();
+            x = Array::from_owned(&spec, out, &[4]).produced_from([&input], None);
+        }
+        x.synchronize().unwrap();
+        let kept = x.upstream.as_deref().map_or(0, <[_]>::len);
+        assert!(kept <= 4, "{kept} streams upstream after 200 steps");
+        assert_eq!(x.to_vec().unwrap(), [201.0, 202.0, 203.0, 204.0]);
+    }
+
+    /// A host job's error on a stream whose spec is gone is still reported downstream.
+    #[test]
+    fn an_error_outlives_the_spec_it_happened_on() {
+        let tile = DeviceSpec::new(Device::Host).unwrap();
+        let failed = panicked_array(&tile);
+        let base = DeviceSpec::new(Device::Host).unwrap();
+        let y = Array::<f64>::zeros(&base, &[4]).unwrap().computed_from(&[&failed]);
+        failed.buffer().synchronize().unwrap();
+        drop((failed, tile));
+        let r = y.to_vec();
+        assert!(
+            matches!(&r, Err(Error::HostFnPanicked { message }) if message.contains("a kernel bug")),
+            "{r:?}"
+        );
+        assert_eq!(y.to_vec().unwrap(), [0.0; 4], "reported twice");
     }
 
     #[test]

@@ -23,9 +23,12 @@
 //!   the work of the intermediate it drops, so a loop without read-backs paces itself.
 //! - Reads share a buffer (see [`crate::memory`]): tiles that read one input, or one weight,
 //!   on different specs run at once; a write still waits for every earlier read.
-//! - Errors of queued work travel with the data: an array's `to_vec`/`synchronize` report a
-//!   pending error of its compute stream and of every stream upstream of it (a tile's job on
-//!   another device included; see [`Array`]).
+//! - Errors of queued work are kept by the stream they happened on, and an array's
+//!   `to_vec`/`synchronize` report a pending error of its compute stream and of every stream
+//!   upstream of it (a tile's job on another device included; see [`Array`]). An error is
+//!   reported once, to the first reader of any array downstream of its stream: two results
+//!   that share a stream (two operators on one device matrix) may each take the other's.
+//!   Operators written outside cuferry mark their outputs with [`Array::computed_from`].
 //! - Adjoints are conjugate transposes: every operator passes the dot test
 //!   `|<Ax, y> - <x, A^H y>| <= 1e-5 |<Ax, y>|` in f64 on random data.
 //! - Arithmetic on CUDA arrays runs as CUDA kernels (csrc/linop.cu; compiled with nvcc, not

@@ -164,11 +164,35 @@ impl HostQueue {
 
     /// True when every submitted job has finished; returns a pending job error first.
     pub(crate) fn query(&self) -> Result<bool> {
-        let mut st = self.progress.lock();
+        HostErrors(Arc::clone(&self.progress)).query()
+    }
+
+    /// A handle to the queue's kept job error that outlives the queue without keeping its
+    /// worker thread.
+    pub(crate) fn errors(&self) -> HostErrors {
+        HostErrors(Arc::clone(&self.progress))
+    }
+}
+
+/// The job counters and kept error of a host queue, readable after the queue is dropped (its
+/// worker finishes the queued jobs and exits; this keeps only the counters).
+#[derive(Clone)]
+pub(crate) struct HostErrors(Arc<Progress>);
+
+impl HostErrors {
+    /// As [`HostQueue::query`].
+    pub(crate) fn query(&self) -> Result<bool> {
+        let mut st = self.0.lock();
         if let Some(err) = st.error.take() {
             return Err(err);
         }
         Ok(st.completed == st.submitted)
+    }
+
+    /// Whether every submitted job has finished and no error is kept.
+    pub(crate) fn is_settled(&self) -> bool {
+        let st = self.0.lock();
+        st.completed == st.submitted && st.error.is_none()
     }
 }
 

@@ -32,6 +32,8 @@
 //! ```
 
 mod cuda;
+mod errors;
+pub(crate) use errors::StreamErrors;
 pub(crate) mod host;
 #[cfg(test)]
 pub(crate) mod test_gate;
