@@ -9,7 +9,9 @@
 //! - [`Linop::apply`] computes on the input's device, on the input's spec's compute stream,
 //!   queued asynchronously; the result lives on the same spec (only
 //!   [`ToDevice`](super::ToDevice) moves data). Parameters (weights) must be on the input's
-//!   device: [`Linop::place_on`] copies them there.
+//!   device: [`Linop::place_on`] copies them there. An operator implemented outside cuferry
+//!   that builds its result with [`Array::from_buffer`] marks it with
+//!   [`Array::computed_from`], so errors of the work upstream of its input stay reported.
 //! - [`Linop::adjoint`] is the conjugate transpose; [`Linop::normal`] is `A^H A`.
 //! - [`Linop::split`] restricts one dim to a range: the input, the output or both, as the
 //!   dim's role requires. Tiles reassembled per the crate's rules give back the operator
