@@ -190,21 +190,20 @@ fn serve(inbox: &Receiver<Ticketed>, pending: &Monitor<Pending>) {
         let mut freed_bytes = 0;
         let mut k = 0;
         while k < waiting.len() {
-            match waiting[k].1.tracker.is_idle() {
-                Ok(false) => k += 1,
+            let idle = waiting[k].1.tracker.is_idle();
+            if matches!(idle, Ok(false)) {
+                k += 1;
+                continue;
+            }
+            let (ticket, alloc) = waiting.swap_remove(k);
+            freed_bytes += alloc.bytes();
+            done.push(ticket);
+            match idle {
                 // Unmarked: its drop finds the work finished and frees at once.
-                Ok(true) => {
-                    let (ticket, alloc) = waiting.swap_remove(k);
-                    freed_bytes += alloc.bytes();
-                    done.push(ticket);
-                    drop(alloc);
-                }
+                Ok(_) => drop(alloc),
                 // The work's fate is unknown: the memory is leaked, never freed.
                 Err(err) => {
                     record_drop_error(err);
-                    let (ticket, alloc) = waiting.swap_remove(k);
-                    freed_bytes += alloc.bytes();
-                    done.push(ticket);
                     alloc.leak_memory();
                 }
             }

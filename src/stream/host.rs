@@ -54,6 +54,15 @@ impl Progress {
         self.exec.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// True when every submitted job has finished; returns a kept job error first.
+    fn query(&self) -> Result<bool> {
+        let mut st = self.lock();
+        if let Some(err) = st.error.take() {
+            return Err(err);
+        }
+        Ok(st.completed == st.submitted)
+    }
+
     /// Runs one job (panics caught) under the execution lock and counts it finished.
     fn run(&self, job: Job) {
         self.run_holding(job, self.exec());
@@ -164,7 +173,7 @@ impl HostQueue {
 
     /// True when every submitted job has finished; returns a pending job error first.
     pub(crate) fn query(&self) -> Result<bool> {
-        HostErrors(Arc::clone(&self.progress)).query()
+        self.progress.query()
     }
 
     /// A handle to the queue's kept job error that outlives the queue without keeping its
@@ -182,11 +191,7 @@ pub(crate) struct HostErrors(Arc<Progress>);
 impl HostErrors {
     /// As [`HostQueue::query`].
     pub(crate) fn query(&self) -> Result<bool> {
-        let mut st = self.0.lock();
-        if let Some(err) = st.error.take() {
-            return Err(err);
-        }
-        Ok(st.completed == st.submitted)
+        self.0.query()
     }
 
     /// Whether every submitted job has finished and no error is kept.
