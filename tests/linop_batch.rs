@@ -443,3 +443,44 @@ fn nested_device_matrix_serves_tiles_lacking_the_dim() {
     let specs = [BatchSpec::new(&[("o", no)]).base(base), BatchSpec::new(&[("m", 1)]).devices(hosts(4))];
     assert!(matches!(create_batched_linop(op, &specs), Err(Error::InvalidArgument { .. })));
 }
+
+/// Back-to-back applies of a batched `Dense` over three host "devices", none read until all
+/// are queued, and with the first results dropped while later ones are still queued: the
+/// intermediates of each apply go back to the allocation cache and are reused by the next
+/// ones, and every result still equals a scalar loop over the weight. Then the cache is
+/// released (its memory freed) and the operator still works.
+#[test]
+fn pipelined_applies_reusing_cached_memory_match_a_scalar_loop() {
+    let (n_i, n_o, rows) = (24, 20, 6);
+    let mut rng = Rng::new(7);
+    let base = host();
+    let w: Vec<f64> = (0..n_o * n_i).map(|_| util::uniform(&mut rng)).collect();
+    let weight = Array::from_slice(&base, &[n_o, n_i], &w).unwrap();
+    let op: LinopRef<f64> =
+        Arc::new(Dense::new(weight, &["o", "i"], dims(&[("i", n_i)]), dims(&[("o", n_o)])).unwrap());
+    let matrix = DeviceMatrix::from_specs((0..3).map(|_| host_device(&mut rng)).collect()).unwrap();
+    let spec = BatchSpec::new(&[("o", rows)]).devices(matrix).base(base.clone());
+    let batched = create_batched_linop(op, &[spec]).unwrap();
+    let reference =
+        |x: &[f64]| -> Vec<f64> { (0..n_o).map(|o| (0..n_i).map(|i| w[o * n_i + i] * x[i]).sum()).collect() };
+    let inputs: Vec<Vec<f64>> =
+        (0..40).map(|_| (0..n_i).map(|_| util::uniform(&mut rng)).collect()).collect();
+    for round in 0..3 {
+        let mut results = Vec::new();
+        for (k, x) in inputs.iter().enumerate() {
+            let x = Array::from_slice(&base, &[n_i], x).unwrap();
+            let y = batched.apply(&x).unwrap();
+            // Every third result is dropped unread, while later applies are queued.
+            if k % 3 != 2 {
+                results.push((k, y));
+            }
+        }
+        for (k, y) in results {
+            assert_close(&y.to_vec().unwrap(), &reference(&inputs[k]), 1e-12);
+        }
+        assert!(cuferry::memory::cached_memory_bytes() > 0 || round > 0, "nothing came back to the cache");
+        if round == 1 {
+            cuferry::memory::release_cached_memory();
+        }
+    }
+}

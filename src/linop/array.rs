@@ -15,7 +15,8 @@
 //! - Everything is queued asynchronously; only [`Array::from_slice`] (until the data has been
 //!   read) and [`Array::to_vec`] block. Dropping an array does not wait: memory linop
 //!   allocated (arrays from [`Array::from_slice`], [`Array::zeros`] and operators, transfer
-//!   staging) is freed by a background thread once the work queued on it has finished. Only
+//!   staging) comes from the allocation cache and goes back to it (or is freed, when the
+//!   cache is full) from a background thread once the work queued on it has finished. Only
 //!   when 1024 such frees (or 4 GiB) are already pending does a drop wait for its own work,
 //!   so the host never runs unboundedly ahead. A buffer passed to [`Array::from_buffer`] keeps
 //!   its own drop rule (waits). Ordering between operations on a buffer comes from the
@@ -113,7 +114,7 @@ impl<T: Field> Array<T> {
         if n != data.len() {
             return Err(Error::invalid(format!("shape {shape:?} needs {n} elements, got {}", data.len())));
         }
-        let buf = DeviceBuffer::from_slice(&spec.compute_stream, data)?.with_deferred_free();
+        let buf = DeviceBuffer::from_slice_cached(&spec.compute_stream, data)?;
         Ok(Self::from_parts(spec.clone(), Arc::new(buf), 0, shape.to_vec(), row_major(shape)))
     }
 
@@ -125,7 +126,7 @@ impl<T: Field> Array<T> {
     /// on another device than `spec.device`; errors of [`DeviceBuffer::zeroed`].
     pub fn zeros(spec: &DeviceSpec, shape: &[usize]) -> Result<Self> {
         check_spec(spec)?;
-        let buf = DeviceBuffer::zeroed(&spec.compute_stream, numel(shape)?)?.with_deferred_free();
+        let buf = DeviceBuffer::zeroed_cached(&spec.compute_stream, numel(shape)?)?;
         Ok(Self::from_parts(spec.clone(), Arc::new(buf), 0, shape.to_vec(), row_major(shape)))
     }
 

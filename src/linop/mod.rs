@@ -17,8 +17,10 @@
 //! - `apply` of a plain operator queues work and returns; reading a result back
 //!   ([`Array::to_vec`]) waits. Buffers order their uses across streams with events.
 //! - Composite operators (`Chain`, `Add`, `Concat`, batched operators) return as soon as
-//!   their work is queued: the intermediates they drop inside `apply` are freed by a
-//!   background thread once the work reading them has finished (see [`Array`]). The host
+//!   their work is queued: the intermediates they drop inside `apply` are handed to a
+//!   background thread, which gives their memory to the allocation cache (for the next
+//!   `apply`'s arrays; see [`crate::memory::release_cached_memory`]) once the work reading
+//!   them has finished (see [`Array`]). The host
 //!   runs at most 1024 such frees (or 4 GiB) ahead of the work; past that, `apply` waits for
 //!   the work of the intermediate it drops, so a loop without read-backs paces itself.
 //! - Reads share a buffer (see [`crate::memory`]): tiles that read one input, or one weight,

@@ -152,20 +152,20 @@ pub(crate) fn transfer_on<T: Field>(x: &Array<T>, ospec: &DeviceSpec, stream: &S
     let n = src.len();
     // SAFETY: every element is written by the copies below before anyone can read it: later
     // uses of the buffer, on any stream, are ordered after the last copy by its tracker.
-    let mut out = unsafe { DeviceBuffer::<T>::uninit(ospec.device, n)? }.with_deferred_free();
+    let mut out = unsafe { DeviceBuffer::<T>::uninit_cached(ospec.device, n)? };
     if n == 0 {
         return Ok(Array::from_owned(ospec, out, src.shape()).produced_from([&src], None));
     }
     let buf = &**src.buffer();
     let staged = match (src.device(), ospec.device) {
         (Device::Host, Device::Cuda(_)) => {
-            let mut stage = PinnedBuffer::<T>::zeroed(ospec.device, n)?.with_deferred_free();
+            let mut stage = PinnedBuffer::<T>::staging(ospec.device, n)?;
             copy_range(stream, buf, src.offset(), &mut stage, 0, n)?;
             copy(stream, &stage, &mut out)?;
             Some(stage)
         }
         (Device::Cuda(_), Device::Host) => {
-            let mut stage = PinnedBuffer::<T>::zeroed(src.device(), n)?.with_deferred_free();
+            let mut stage = PinnedBuffer::<T>::staging(src.device(), n)?;
             copy_range(stream, buf, src.offset(), &mut stage, 0, n)?;
             copy(stream, &stage, &mut out)?;
             Some(stage)

@@ -6,16 +6,21 @@
 //! - CUDA device memory comes from `cudaMalloc`, pinned memory from `cudaHostAlloc`.
 //! - `Drop` waits for the tracker (every queued use) and then frees; failures are kept for
 //!   [`take_drop_error`](crate::take_drop_error), never panicked on. An allocation marked
-//!   for deferred freeing ([`TrackedAllocation::defer_free`]) is handed to the
+//!   for deferred freeing (a cached one, or in tests `defer_free`) is handed to the
 //!   [reaper](super::reaper) instead of waiting, when its work has not finished and the
 //!   reaper's caps on pending frees allow.
-//! - An allocation that fails for lack of memory while deferred frees are pending waits for
-//!   them ([`reaper::drain`](super::reaper::drain)) and is tried once more.
+//! - An allocation made through the [cache](super::cache) ([`TrackedAllocation::cached`]) is
+//!   deferred as above and, once its work has finished, goes back to the cache instead of
+//!   being freed (freed when the cache is full).
+//! - An allocation that fails for lack of memory while deferred frees are pending or memory is
+//!   cached waits for the frees ([`reaper::drain`](super::reaper::drain)), releases the cache,
+//!   and is tried once more.
 
 use std::alloc::{self, Layout};
 use std::os::raw::c_void;
 use std::ptr::NonNull;
 
+use super::cache::{self, Cache, Place};
 use crate::cuda::memory as raw;
 use crate::error::{record_drop_error, Error, Result};
 use crate::memory::reaper::Capped;
@@ -35,19 +40,24 @@ pub(crate) enum Origin {
     Host(Option<(NonNull<u8>, Layout)>),
     /// `cudaMalloc` on this ordinal (null for zero bytes).
     CudaDevice(u32),
-    /// `cudaHostAlloc` (null for zero bytes).
-    CudaPinned,
+    /// `cudaHostAlloc` with this ordinal current (null for zero bytes).
+    CudaPinned(u32),
 }
 
 /// An allocation plus the tracker of its queued uses.
 #[derive(Debug)]
 pub(crate) struct TrackedAllocation {
     ptr: *mut u8,
+    /// The bytes asked for (what buffers and copies see).
     bytes: usize,
+    /// The bytes allocated: `bytes`, or its size class for a cached allocation.
+    capacity: usize,
     origin: Origin,
     pub(crate) tracker: UseTracker,
     /// Freed by the reaper after the queued work instead of waiting for it in `drop`.
     deferred: bool,
+    /// Given back to the cache once idle instead of being freed.
+    recycle: bool,
 }
 
 // SAFETY: the allocation is plain memory owned by this value; access is synchronised by the
@@ -79,12 +89,17 @@ pub(crate) fn byte_len<T>(len: usize) -> Result<usize> {
     })
 }
 
-/// Runs `alloc`; when it fails for lack of memory while deferred frees are pending, waits for
-/// them and runs it once more.
+/// Runs `alloc`; when it fails for lack of memory while deferred frees are pending or memory
+/// is cached, waits for the frees, releases the cache, and runs it once more.
 fn retry_after_deferred_frees<R>(mut alloc: impl FnMut() -> Result<R>) -> Result<R> {
     match alloc() {
-        Err(err) if is_out_of_memory(&err) && super::reaper::pending() > 0 => {
+        Err(err)
+            if is_out_of_memory(&err)
+                && (super::reaper::pending() > 0 || cache::global().held_bytes() > 0) =>
+        {
+            // The reaper's frees first: those of cached allocations end in the cache.
             super::reaper::drain();
+            cache::global().release();
             alloc()
         }
         other => other,
@@ -132,21 +147,71 @@ impl TrackedAllocation {
             // SAFETY: `ptr` is a fresh host allocation of `bytes` bytes that nothing else uses.
             unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), 0, bytes) };
         }
-        Ok(Self::new(ptr.cast(), bytes, Origin::CudaPinned))
+        Ok(Self::new(ptr.cast(), bytes, Origin::CudaPinned(ordinal)))
+    }
+
+    /// At least `bytes` bytes at `place` from the process's [cache](super::cache), or a fresh
+    /// allocation of its size class; marked to be deferred when dropped with work pending and
+    /// to go back to the cache once idle. Also says whether the memory was reused: then it
+    /// holds stale bytes of its former user (fresh host and pinned memory comes zeroed, fresh
+    /// device memory uninitialised).
+    pub(crate) fn cached(place: Place, bytes: usize) -> Result<(Self, bool)> {
+        Self::cached_in(cache::global(), place, bytes)
+    }
+
+    /// [`TrackedAllocation::cached`] from `cache` (the allocation still goes back to the
+    /// process's cache when dropped).
+    pub(crate) fn cached_in(cache: &Cache, place: Place, bytes: usize) -> Result<(Self, bool)> {
+        if let Some(alloc) = cache.take(place, bytes) {
+            return Ok((alloc, true));
+        }
+        let capacity = cache::size_class(bytes);
+        let mut alloc = match place {
+            Place::Host => Self::host_zeroed(capacity)?,
+            Place::CudaDevice(ordinal) => Self::cuda_device(ordinal, capacity)?,
+            Place::CudaPinned(ordinal) => {
+                Self::cuda_pinned_zeroed(ordinal, capacity, crate::sys::CUFERRY_PINNED_PORTABLE as u32)?
+            }
+        };
+        alloc.bytes = bytes;
+        alloc.deferred = true;
+        alloc.recycle = capacity > 0;
+        Ok((alloc, false))
     }
 
     fn new(ptr: *mut u8, bytes: usize, origin: Origin) -> Self {
-        TrackedAllocation { ptr, bytes, origin, tracker: UseTracker::default(), deferred: false }
+        TrackedAllocation {
+            ptr,
+            bytes,
+            capacity: bytes,
+            origin,
+            tracker: UseTracker::default(),
+            deferred: false,
+            recycle: false,
+        }
+    }
+
+    /// Where the memory lives, for the cache (`None` for zero bytes).
+    pub(super) fn place(&self) -> Option<Place> {
+        match self.origin {
+            _ if self.ptr.is_null() => None,
+            Origin::Host(None) => None,
+            Origin::Host(Some(_)) => Some(Place::Host),
+            Origin::CudaDevice(ordinal) => Some(Place::CudaDevice(ordinal)),
+            Origin::CudaPinned(ordinal) => Some(Place::CudaPinned(ordinal)),
+        }
     }
 
     /// Marks the allocation to be freed by the [reaper](super::reaper) once its queued work
     /// has finished, so that dropping it never waits.
+    #[cfg(test)]
     pub(crate) fn defer_free(&mut self) {
         self.deferred = true;
     }
 
     /// Moves the memory and its tracker out, leaving an empty allocation that frees nothing;
-    /// the result is unmarked (its drop waits).
+    /// the result is not deferred (its drop waits) but still goes back to the cache when it
+    /// came from there.
     fn take(&mut self) -> TrackedAllocation {
         let empty = Self::new(std::ptr::null_mut(), 0, Origin::Host(None));
         let mut out = std::mem::replace(self, empty);
@@ -154,14 +219,46 @@ impl TrackedAllocation {
         out
     }
 
-    /// Gives the memory up without freeing it (its queued work's fate is unknown), while
-    /// releasing the tracker's streams and events.
+    /// Gives the memory up without freeing or caching it (its queued work's fate is unknown),
+    /// while releasing the tracker's streams and events.
     pub(crate) fn leak_memory(mut self) {
         self.tracker = UseTracker::default();
         self.origin = Origin::Host(None);
         self.ptr = std::ptr::null_mut();
         self.bytes = 0;
+        self.capacity = 0;
         self.deferred = false;
+        self.recycle = false;
+    }
+
+    /// The allocation, freed when dropped instead of going back to the cache.
+    pub(super) fn uncached(mut self) -> Self {
+        self.recycle = false;
+        self
+    }
+
+    /// Whether the allocation was made through the cache (and goes back to it).
+    pub(super) fn is_recycled(&self) -> bool {
+        self.recycle
+    }
+
+    /// Bytes allocated (the size class of a cached allocation).
+    pub(super) fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Makes a cached allocation `bytes` long (at most its capacity), marked as when made.
+    pub(super) fn reuse_for(&mut self, bytes: usize) {
+        debug_assert!(bytes <= self.capacity);
+        self.bytes = bytes.min(self.capacity);
+        self.deferred = true;
+        self.recycle = true;
+    }
+
+    /// Drops the record of past uses (all finished: the caller checked the tracker is idle),
+    /// and with it the streams and events they hold.
+    pub(super) fn forget_uses(&mut self) {
+        self.tracker = UseTracker::default();
     }
 
     /// The start of the memory (null when `bytes == 0`).
@@ -191,6 +288,16 @@ impl Drop for TrackedAllocation {
             record_drop_error(err);
             return;
         }
+        if self.recycle {
+            match cache::global().give(self.take()) {
+                Ok(()) => return,
+                // The cache is full: free it here.
+                Err(mut back) => {
+                    back.recycle = false;
+                    std::mem::swap(self, &mut back);
+                }
+            }
+        }
         let freed = match self.origin {
             Origin::Host(None) => Ok(()),
             Origin::Host(Some((ptr, layout))) => {
@@ -202,7 +309,7 @@ impl Drop for TrackedAllocation {
             // SAFETY: the pointer came from `device_alloc` on `ordinal`; no queued work uses it.
             Origin::CudaDevice(ordinal) => unsafe { raw::device_free(ordinal, self.ptr.cast::<c_void>()) },
             // SAFETY: the pointer came from `pinned_alloc`; no queued work uses it.
-            Origin::CudaPinned => unsafe { raw::pinned_free(self.ptr.cast::<c_void>()) },
+            Origin::CudaPinned(_) => unsafe { raw::pinned_free(self.ptr.cast::<c_void>()) },
         };
         if let Err(err) = freed {
             record_drop_error(err);
@@ -235,6 +342,7 @@ mod tests {
     /// tried again after that work (and the free); other failures are returned at once.
     #[test]
     fn out_of_memory_waits_for_deferred_frees_then_retries() {
+        let _serial = crate::memory::cache::tests::global_cache_lock();
         let fresh = Stream::new(Device::Host).unwrap();
         let src = DeviceBuffer::from_slice(&fresh, &[7u16; 256]).unwrap().with_deferred_free();
         let mut dst = DeviceBuffer::<u16>::zeroed(&fresh, 256).unwrap();

@@ -6,6 +6,7 @@
 use std::marker::PhantomData;
 
 use super::allocation::{byte_len, TrackedAllocation};
+use super::cache::Place;
 use super::pageable::PageableSlice;
 use super::sealed::{RawParts, Sealed};
 use super::tracker::{Access, UseTracker};
@@ -57,10 +58,67 @@ impl<T: Element> DeviceBuffer<T> {
     }
 
     /// The buffer, freed after its queued work by the reaper instead of waiting in `drop`
-    /// (linop's arrays).
+    /// (the reaper's tests; linop's arrays are [cached](DeviceBuffer::uninit_cached), which
+    /// defers them too).
+    #[cfg(test)]
     pub(crate) fn with_deferred_free(mut self) -> Self {
         self.alloc.defer_free();
         self
+    }
+
+    /// Allocates `len` elements on `device` from the allocation [cache](super::cache): memory
+    /// an earlier cached buffer of the same device and size class gave up, or a fresh
+    /// allocation. Dropped with work pending it goes to the reaper; once its work has finished
+    /// it goes back to the cache (linop's arrays).
+    ///
+    /// # Safety
+    ///
+    /// 1. As [`DeviceBuffer::uninit`]: the contents (stale bytes of an earlier buffer, or
+    ///    uninitialised device memory) are not to be read before every element is written.
+    ///
+    /// # Errors
+    ///
+    /// As [`DeviceBuffer::uninit`].
+    pub(crate) unsafe fn uninit_cached(device: Device, len: usize) -> Result<Self> {
+        Ok(Self::cached(device, len)?.0)
+    }
+
+    /// A cached buffer (see [`DeviceBuffer::uninit_cached`]) and whether its memory was
+    /// reused; a fresh host one comes zeroed, any other one's contents are unspecified.
+    fn cached(device: Device, len: usize) -> Result<(Self, bool)> {
+        let place = match device {
+            Device::Host => Place::Host,
+            Device::Cuda(i) => Place::CudaDevice(i),
+        };
+        let (alloc, reused) = TrackedAllocation::cached(place, byte_len::<T>(len)?)?;
+        Ok((DeviceBuffer { alloc, len, device, _element: PhantomData }, reused))
+    }
+
+    /// [`DeviceBuffer::zeroed`] from the allocation cache (see
+    /// [`DeviceBuffer::uninit_cached`]): reused memory is zeroed by a job queued on `stream`,
+    /// on the host backend too.
+    ///
+    /// # Errors
+    ///
+    /// As [`DeviceBuffer::zeroed`].
+    pub(crate) fn zeroed_cached(stream: &Stream, len: usize) -> Result<Self> {
+        let (buf, reused) = Self::cached(stream.device(), len)?;
+        if reused || buf.device != Device::Host {
+            buf.queue_zeroing(stream)?;
+        }
+        Ok(buf)
+    }
+
+    /// [`DeviceBuffer::from_slice`] from the allocation cache (see
+    /// [`DeviceBuffer::uninit_cached`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`DeviceBuffer::from_slice`].
+    pub(crate) fn from_slice_cached(stream: &Stream, data: &[T]) -> Result<Self> {
+        let (mut buf, _) = Self::cached(stream.device(), data.len())?;
+        buf.copy_from_slice(stream, data)?;
+        Ok(buf)
     }
 
     /// Allocates `len` zeroed elements on `stream`'s device; on CUDA the zeroing is queued on
@@ -74,13 +132,28 @@ impl<T: Element> DeviceBuffer<T> {
         // zeroed; CUDA memory gets a memset ordered before every later use).
         let buf = unsafe { Self::uninit(stream.device(), len)? };
         if let Device::Cuda(_) = buf.device {
-            let (ptr, bytes) = (buf.alloc.ptr(), buf.alloc.bytes());
-            UseTracker::use_on(stream, &[(&buf.alloc.tracker, Access::Write)], || {
-                // SAFETY: the allocation is alive until its tracker is idle, which Drop awaits.
-                unsafe { raw::memset_async(ptr.cast(), 0, bytes, stream.cuda_raw()?) }
-            })?;
+            buf.queue_zeroing(stream)?;
         }
         Ok(buf)
+    }
+
+    /// Queues on `stream` the zeroing of every byte (a memset on CUDA, a job on a host stream),
+    /// ordered after every earlier use and before every later one.
+    fn queue_zeroing(&self, stream: &Stream) -> Result<()> {
+        let (ptr, bytes) = (self.alloc.ptr(), self.alloc.bytes());
+        if bytes == 0 {
+            return Ok(());
+        }
+        UseTracker::use_on(stream, &[(&self.alloc.tracker, Access::Write)], || match self.device {
+            // SAFETY: the allocation is alive until its tracker is idle, which Drop awaits.
+            Device::Cuda(_) => unsafe { raw::memset_async(ptr.cast(), 0, bytes, stream.cuda_raw()?) },
+            Device::Host => {
+                let target = HostBytes(ptr, bytes);
+                // SAFETY: host memory, alive until the tracker is idle; this job is recorded
+                // on it as a write, so nothing else touches it meanwhile.
+                stream.host_fn_short(move || unsafe { target.zero() })
+            }
+        })
     }
 
     /// Allocates on `stream`'s device and copies `data` in. Returns once `data` has been read.
@@ -204,6 +277,25 @@ pub(crate) fn check_len(src: usize, dst: usize) -> Result<()> {
         Ok(())
     } else {
         Err(Error::invalid(format!("length mismatch: source has {src} elements, destination {dst}")))
+    }
+}
+
+/// Host memory handed to a zeroing job on a host stream's worker.
+struct HostBytes(*mut u8, usize);
+
+// SAFETY: the job writes the memory only while its tracker records the job (see
+// `queue_zeroing`), which is what the tracker protocol exists for.
+unsafe impl Send for HostBytes {}
+
+impl HostBytes {
+    /// Sets every byte to zero.
+    ///
+    /// # Safety
+    ///
+    /// 1. The bytes are host memory, writable, and nothing else accesses them during the call.
+    unsafe fn zero(self) {
+        // SAFETY: precondition 1.
+        unsafe { std::ptr::write_bytes(self.0, 0, self.1) }
     }
 }
 

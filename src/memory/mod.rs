@@ -9,7 +9,9 @@
 //!   Dropping a buffer with copies pending is therefore safe: the drop blocks until they finish.
 //!   (The arrays of [`crate::linop`] are the one exception: their memory is freed after the
 //!   queued work by a background thread, so that dropping an intermediate does not block
-//!   while fewer than 1024 frees (4 GiB) wait; see the reaper's rules in `memory/reaper.rs`.)
+//!   while fewer than 1024 frees (4 GiB) wait; see the reaper's rules in `memory/reaper.rs`.
+//!   Once its work has finished, their memory is kept in a cache for the next array of the
+//!   same device and size class instead of being freed: see [`release_cached_memory`].)
 //! - Host access to pinned or registered memory goes through `as_slice`/`as_mut_slice`, which
 //!   synchronise first; a queued write needs `&mut`, so the borrow checker rules out a host
 //!   read racing a copy into the same buffer.
@@ -39,6 +41,7 @@
 //! ```
 
 pub(crate) mod allocation;
+pub(crate) mod cache;
 mod device;
 pub(crate) mod pageable;
 mod pinned;
@@ -48,6 +51,7 @@ pub(crate) mod tracker;
 
 use crate::device::Device;
 use crate::error::{Error, Result};
+pub use cache::{cached_memory_bytes, release_cached_memory, MAX_CACHED, MAX_CACHED_BYTES};
 pub use device::DeviceBuffer;
 pub use pinned::{PinnedBuffer, PinnedOptions};
 pub use registered::HostRegistration;

@@ -8,6 +8,7 @@
 use std::marker::PhantomData;
 
 use super::allocation::{byte_len, TrackedAllocation};
+use super::cache::Place;
 use super::sealed::{RawParts, Sealed};
 use super::{Element, Memory, MemoryKind};
 use crate::device::Device;
@@ -66,11 +67,22 @@ impl<T: Element> PinnedBuffer<T> {
         Self::with_options(device, len, PinnedOptions::default())
     }
 
-    /// The buffer, freed after its queued work by the reaper instead of waiting in `drop`
-    /// (linop's transfer staging).
-    pub(crate) fn with_deferred_free(mut self) -> Self {
-        self.alloc.defer_free();
-        self
+    /// `len` elements of portable pinned memory for use with `device`, from the allocation
+    /// [cache](super::cache) (linop's transfer staging): memory an earlier staging buffer of
+    /// the same device and size class gave up, or a fresh zeroed allocation. Dropped with work
+    /// pending it goes to the reaper; once its work has finished it goes back to the cache.
+    /// The contents are unspecified: stale elements of an earlier buffer, or zeros.
+    ///
+    /// # Errors
+    ///
+    /// As [`PinnedBuffer::zeroed`].
+    pub(crate) fn staging(device: Device, len: usize) -> Result<Self> {
+        let place = match device {
+            Device::Host => Place::Host,
+            Device::Cuda(i) => Place::CudaPinned(i),
+        };
+        let (alloc, _) = TrackedAllocation::cached(place, byte_len::<T>(len)?)?;
+        Ok(PinnedBuffer { alloc, len, device, _element: PhantomData })
     }
 
     /// Like [`PinnedBuffer::zeroed`] with explicit allocation options (ignored on the host

@@ -52,12 +52,13 @@ fn contiguous_view(shape: &[usize]) -> View {
     View { offset: 0, shape: shape.to_vec(), strides: row_major(shape) }
 }
 
-/// A fresh zeroed row-major buffer for an output of `shape` on `spec` (whose streams must be
-/// on its device: the buffer is allocated on the compute stream's device), freed after its
-/// queued work without blocking the drop (an intermediate of a composite operator).
+/// A zeroed row-major buffer for an output of `shape` on `spec` (whose streams must be on its
+/// device: the buffer is allocated on the compute stream's device), from the allocation cache
+/// and given back to it after its queued work without blocking the drop (an intermediate of a
+/// composite operator).
 fn output<T: Field>(spec: &DeviceSpec, shape: &[usize]) -> Result<DeviceBuffer<T>> {
     super::array::check_spec(spec)?;
-    Ok(DeviceBuffer::zeroed(&spec.compute_stream, super::array::numel(shape)?)?.with_deferred_free())
+    DeviceBuffer::zeroed_cached(&spec.compute_stream, super::array::numel(shape)?)
 }
 
 /// A row-major copy of `x` on its spec.

@@ -1,0 +1,415 @@
+//! The allocation cache: memory given up by linop's temporaries (operator outputs, transfer
+//! results and their pinned staging), kept for the next allocation of the same place and size
+//! class instead of being freed.
+//!
+//! An `apply` allocates its outputs and, across devices, a pinned staging buffer per transfer;
+//! on CUDA, `cudaMalloc`, `cudaHostAlloc` (which pins page by page) and their frees (which may
+//! synchronise the device) would otherwise run on every call, between the launches and copies
+//! a pipeline overlaps.
+//!
+//! Rules:
+//! - Only allocations made through the cache ([`TrackedAllocation::cached`]) come back to it.
+//!   They are sized up to their [`size_class`], so an allocation of a nearby size can reuse them.
+//! - An allocation enters the cache only once every queued use has finished: at its drop when
+//!   its tracker is already idle, otherwise from the [reaper](super::reaper) once its work has
+//!   run. Its tracker is then reset, so a reused allocation waits for no event and keeps no
+//!   former user's stream alive. A tracker that cannot be queried means the work's fate is
+//!   unknown: that memory is leaked, never cached.
+//! - A reused allocation holds stale bytes of its former user: the buffer constructors built
+//!   on the cache zero it or overwrite it before anyone reads it.
+//! - The cache holds at most [`MAX_CACHED_BYTES`] and [`MAX_CACHED`] allocations per place: to
+//!   make room it frees that place's longest-cached allocations (a working set that changed
+//!   replaces the old one); an allocation larger than the byte cap by itself is freed. The
+//!   most recently cached allocation of a class is reused first (its lines may still be in a
+//!   CPU cache). Freed allocations, evicted or released, never come back to the cache.
+//! - An allocation failing for lack of memory releases the cache (after the reaper's pending
+//!   frees) and is tried once more, so cached memory is never mistaken for memory in use;
+//!   [`release_cached_memory`] frees it on request. Allocations are freed outside the cache's
+//!   lock.
+
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex, MutexGuard};
+
+use super::allocation::TrackedAllocation;
+
+/// The most bytes cached per place.
+pub const MAX_CACHED_BYTES: usize = 1 << 30;
+
+/// The most allocations cached per place.
+pub const MAX_CACHED: usize = 512;
+
+/// Sizes up to this are one class (a host allocation takes a page anyway).
+const MIN_CLASS: usize = 4096;
+
+/// Where an allocation's memory lives, and so which allocations may reuse it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Place {
+    /// Page-aligned host memory (the host backend's device and pinned memory).
+    Host,
+    /// `cudaMalloc` memory of this ordinal.
+    CudaDevice(u32),
+    /// Portable `cudaHostAlloc` memory, allocated with this ordinal current.
+    CudaPinned(u32),
+}
+
+/// The size an allocation of `bytes` is given: `bytes` rounded up to a multiple of an eighth
+/// of the power of two above it, or of [`MIN_CLASS`] when that is more (so at most 25% or
+/// less than [`MIN_CLASS`] bytes more); 0 for 0, and `bytes` itself where the rounding would
+/// overflow.
+pub(crate) fn size_class(bytes: usize) -> usize {
+    if bytes == 0 {
+        return 0;
+    }
+    let Some(power) = bytes.checked_next_power_of_two() else { return bytes };
+    let step = (power / 8).max(MIN_CLASS);
+    bytes.checked_next_multiple_of(step).unwrap_or(bytes)
+}
+
+/// Counts of one place's cached allocations.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Held {
+    count: usize,
+    bytes: usize,
+}
+
+/// The cached allocations, by place and size class (each shelf oldest first, with the stamp
+/// it was cached at), and what each place holds.
+#[derive(Debug, Default)]
+struct Shelves {
+    free: HashMap<(Place, usize), Vec<(u64, TrackedAllocation)>>,
+    held: HashMap<Place, Held>,
+    next_stamp: u64,
+}
+
+impl Shelves {
+    /// Takes the longest-cached allocation of `place` off its shelf.
+    fn pop_oldest(&mut self, place: Place) -> Option<TrackedAllocation> {
+        let key = self
+            .free
+            .iter()
+            .filter(|((p, _), shelf)| *p == place && !shelf.is_empty())
+            .min_by_key(|(_, shelf)| shelf[0].0)
+            .map(|(key, _)| *key)?;
+        let (_, alloc) = self.free.get_mut(&key)?.remove(0);
+        let held = self.held.entry(place).or_default();
+        held.count -= 1;
+        held.bytes -= key.1;
+        Some(alloc)
+    }
+}
+
+/// Caps on what a cache holds per place.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Caps {
+    pub(crate) count: usize,
+    pub(crate) bytes: usize,
+}
+
+/// A cache of idle allocations (the process has one, [`global`]; tests make their own).
+#[derive(Debug)]
+pub(crate) struct Cache {
+    shelves: Mutex<Shelves>,
+    caps: Caps,
+}
+
+/// The process's cache.
+pub(crate) fn global() -> &'static Cache {
+    static CACHE: LazyLock<Cache> =
+        LazyLock::new(|| Cache::new(Caps { count: MAX_CACHED, bytes: MAX_CACHED_BYTES }));
+    &CACHE
+}
+
+impl Cache {
+    /// An empty cache holding at most `caps` per place.
+    pub(crate) fn new(caps: Caps) -> Cache {
+        Cache { shelves: Mutex::default(), caps }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Shelves> {
+        // A poisoned lock only means a panic elsewhere; the shelves are always consistent.
+        self.shelves.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A cached allocation of `bytes`' size class at `place`, made `bytes` long; `None` when
+    /// there is none (or `bytes` is 0). The most recently cached one is reused first.
+    pub(crate) fn take(&self, place: Place, bytes: usize) -> Option<TrackedAllocation> {
+        let class = size_class(bytes);
+        if class == 0 {
+            return None;
+        }
+        let mut shelves = self.lock();
+        let (_, mut alloc) = shelves.free.get_mut(&(place, class)).and_then(Vec::pop)?;
+        let held = shelves.held.entry(place).or_default();
+        held.count -= 1;
+        held.bytes -= class;
+        drop(shelves);
+        alloc.reuse_for(bytes);
+        Some(alloc)
+    }
+
+    /// Keeps `alloc` (whose tracker must be idle) for reuse, first freeing the place's
+    /// longest-cached allocations while it would not fit under the caps. Hands it back when it
+    /// is not a cached allocation or is larger than the byte cap by itself (the caller frees
+    /// it).
+    pub(crate) fn give(&self, mut alloc: TrackedAllocation) -> Result<(), TrackedAllocation> {
+        let Some(place) = alloc.place().filter(|_| alloc.is_recycled()) else { return Err(alloc) };
+        let class = alloc.capacity();
+        if class == 0 || size_class(class) != class || class > self.caps.bytes || self.caps.count == 0 {
+            return Err(alloc);
+        }
+        alloc.forget_uses();
+        let mut evicted = Vec::new();
+        let mut shelves = self.lock();
+        loop {
+            let held = shelves.held.get(&place).copied().unwrap_or_default();
+            if held.count < self.caps.count && held.bytes + class <= self.caps.bytes {
+                break;
+            }
+            match shelves.pop_oldest(place) {
+                Some(old) => evicted.push(old.uncached()),
+                None => break,
+            }
+        }
+        let held = shelves.held.entry(place).or_default();
+        held.count += 1;
+        held.bytes += class;
+        let stamp = shelves.next_stamp;
+        shelves.next_stamp += 1;
+        shelves.free.entry((place, class)).or_default().push((stamp, alloc));
+        drop(shelves);
+        drop(evicted);
+        Ok(())
+    }
+
+    /// Frees every cached allocation (outside the lock); returns their bytes.
+    pub(crate) fn release(&self) -> usize {
+        let free = {
+            let mut shelves = self.lock();
+            shelves.held.clear();
+            std::mem::take(&mut shelves.free)
+        };
+        let freed: Vec<TrackedAllocation> =
+            free.into_values().flatten().map(|(_, alloc)| alloc.uncached()).collect();
+        freed.iter().map(TrackedAllocation::capacity).sum()
+    }
+
+    /// How many allocations of size class `class` at `place` are cached.
+    #[cfg(test)]
+    fn count_of(&self, place: Place, class: usize) -> usize {
+        self.lock().free.get(&(place, class)).map_or(0, Vec::len)
+    }
+
+    /// Bytes cached, over every place.
+    pub(crate) fn held_bytes(&self) -> usize {
+        self.lock().held.values().map(|h| h.bytes).sum()
+    }
+}
+
+/// Frees every allocation the process's cache holds (memory that linop's arrays gave up,
+/// kept for their successors; see the [memory module](crate::memory)) and returns how many
+/// bytes that was. Nothing in use is touched: only memory whose work has finished is cached.
+/// Allocations that fail for lack of memory do this by themselves before trying again.
+///
+/// # Examples
+///
+/// ```
+/// use cuferry::linop::Array;
+/// use cuferry::memory::{cached_memory_bytes, release_cached_memory};
+/// use cuferry::{Device, DeviceSpec};
+///
+/// let spec = DeviceSpec::new(Device::Host)?;
+/// let x = Array::<f64>::zeros(&spec, &[1024])?;
+/// x.synchronize()?;
+/// drop(x); // its work is done: the memory is cached, not freed
+/// assert!(cached_memory_bytes() >= 8192);
+/// release_cached_memory();
+/// # Ok::<(), cuferry::Error>(())
+/// ```
+pub fn release_cached_memory() -> usize {
+    global().release()
+}
+
+/// Bytes the process's allocation cache holds (see [`release_cached_memory`]).
+pub fn cached_memory_bytes() -> usize {
+    global().held_bytes()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::{global, size_class, Cache, Caps, Place, MIN_CLASS};
+    use crate::copy::copy;
+    use crate::memory::allocation::TrackedAllocation;
+    use crate::memory::reaper;
+    use crate::memory::sealed::Sealed;
+    use crate::memory::tracker::{Access, UseTracker};
+    use crate::memory::{DeviceBuffer, PinnedBuffer};
+    use crate::stream::test_gate::Gate;
+    use crate::stream::Stream;
+    use crate::Device;
+
+    /// Classes hold their sizes, waste at most a quarter, and are classes of themselves.
+    #[test]
+    fn size_classes_round_up_by_at_most_a_quarter() {
+        assert_eq!(size_class(0), 0);
+        assert_eq!(size_class(1), MIN_CLASS);
+        assert_eq!(size_class(MIN_CLASS), MIN_CLASS);
+        assert_eq!(size_class((1 << 20) + 1), (1 << 20) + (1 << 18));
+        assert_eq!(size_class(usize::MAX), usize::MAX);
+        let mut x: usize = 1;
+        while x < 1 << 40 {
+            for bytes in [x, x + 1, x + x / 3, 2 * x - 1] {
+                let c = size_class(bytes);
+                assert!(c >= bytes, "{bytes} -> {c}");
+                assert!(c - bytes < MIN_CLASS || c - bytes <= bytes / 4, "{bytes} -> {c}");
+                assert_eq!(size_class(c), c, "the class of {bytes} is not a class");
+            }
+            x *= 2;
+        }
+    }
+
+    /// An allocation given back is reused by a take of its class at its place (the same
+    /// memory, made the new length), not by another class or place.
+    #[test]
+    fn a_given_allocation_is_reused_within_its_class_and_place() {
+        let cache = Cache::new(Caps { count: 8, bytes: 1 << 20 });
+        let (alloc, reused) = TrackedAllocation::cached_in(&cache, Place::Host, 10_000).unwrap();
+        assert!(!reused);
+        assert_eq!((alloc.bytes(), alloc.capacity()), (10_000, size_class(10_000)));
+        let ptr = alloc.ptr();
+        drop_into(&cache, alloc);
+        assert_eq!(cache.held_bytes(), size_class(10_000));
+        assert!(cache.take(Place::Host, 20_000).is_none(), "another class was served");
+        assert!(cache.take(Place::CudaDevice(0), 10_000).is_none(), "another place was served");
+        let (again, reused) = TrackedAllocation::cached_in(&cache, Place::Host, 9_000).unwrap();
+        assert!(reused);
+        assert_eq!((again.ptr(), again.bytes()), (ptr, 9_000));
+        assert_eq!(cache.held_bytes(), 0);
+        drop_into(&cache, again);
+        assert_eq!(cache.release(), size_class(10_000));
+        assert_eq!(cache.held_bytes(), 0);
+    }
+
+    /// Gives `alloc` to `cache` (it must take it).
+    fn drop_into(cache: &Cache, alloc: TrackedAllocation) {
+        assert!(cache.give(alloc).is_ok(), "the cache refused an allocation under its caps");
+    }
+
+    /// Past its count or byte cap a cache frees its longest-cached allocations to make room;
+    /// it hands back an allocation larger than its byte cap, or one not made through a cache.
+    /// Released or evicted allocations are freed, not given to the process's cache.
+    #[test]
+    fn past_its_caps_a_cache_frees_its_oldest_allocations() {
+        let _serial = global_cache_lock();
+        let cache = Cache::new(Caps { count: 2, bytes: 3 * ODD_CLASS });
+        let in_global = [1, 2].map(|k| global().count_of(Place::Host, k * ODD_CLASS));
+        let make = |bytes| TrackedAllocation::cached_in(&cache, Place::Host, bytes).unwrap().0;
+        let [a, b, c] = [0, 1, 2].map(|_| make(ODD_LEN));
+        let ptrs = [a.ptr(), b.ptr(), c.ptr()];
+        for x in [a, b, c] {
+            drop_into(&cache, x);
+        }
+        assert_eq!(cache.count_of(Place::Host, ODD_CLASS), 2, "the count cap was passed");
+        assert_eq!(
+            global().count_of(Place::Host, ODD_CLASS),
+            in_global[0],
+            "an evicted allocation was cached again"
+        );
+        // The newest first; the oldest was evicted.
+        let (again_c, again_b) = (make(ODD_LEN), make(ODD_LEN));
+        assert_eq!([again_c.ptr(), again_b.ptr()], [ptrs[2], ptrs[1]]);
+        drop_into(&cache, again_b);
+        drop_into(&cache, again_c);
+        // A class twice as large needs the room of one: the older one goes.
+        let big = make(2 * ODD_CLASS);
+        drop_into(&cache, big);
+        assert_eq!(cache.count_of(Place::Host, ODD_CLASS), 1, "the byte cap was passed");
+        assert_eq!(cache.held_bytes(), 3 * ODD_CLASS);
+        assert_eq!(make(ODD_LEN).ptr(), ptrs[2], "the newer one was evicted");
+        assert!(cache.give(make(4 * ODD_CLASS)).is_err(), "taken past the byte cap alone");
+        let plain = TrackedAllocation::host_zeroed(MIN_CLASS).unwrap();
+        assert!(cache.give(plain).is_err(), "an allocation made outside the cache was taken");
+        assert_eq!(cache.release(), 2 * ODD_CLASS);
+        assert_eq!(cache.held_bytes(), 0);
+        assert_eq!(
+            global().count_of(Place::Host, 2 * ODD_CLASS),
+            in_global[1],
+            "a released allocation was cached again"
+        );
+    }
+
+    /// Serialises the tests that use the process's cache with those that release it (by an
+    /// out-of-memory retry).
+    pub(crate) fn global_cache_lock() -> std::sync::MutexGuard<'static, ()> {
+        static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        LOCK.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A size class no other test of this binary allocates (3.5 MiB), so the process's cache
+    /// hands its memory to these tests alone.
+    const ODD_LEN: usize = (3 << 20) + (1 << 19) - 100;
+
+    /// The size class of [`ODD_LEN`].
+    const ODD_CLASS: usize = (3 << 20) + (1 << 19);
+
+    /// A cached buffer dropped while its work waits is not reused until that work has run
+    /// (the reaper then gives it to the cache), and a reused one asked for zeroed comes
+    /// zeroed although its former user filled it.
+    #[test]
+    fn cached_memory_is_reused_only_after_its_work_and_zeroed_when_asked() {
+        let _serial = global_cache_lock();
+        let stream = Stream::new(Device::Host).unwrap();
+        let ones = DeviceBuffer::from_slice(&stream, &vec![0xffu8; ODD_LEN]).unwrap();
+        let mut first = DeviceBuffer::<u8>::zeroed_cached(&stream, ODD_LEN).unwrap();
+        let first_ptr = first.raw_parts().ptr;
+        let held = Stream::new(Device::Host).unwrap();
+        let gate = Gate::hold(&held);
+        copy(&held, &ones, &mut first).unwrap();
+        drop(first); // its copy waits behind the gate: deferred, not cached
+        let second = DeviceBuffer::<u8>::zeroed_cached(&stream, ODD_LEN).unwrap();
+        assert_ne!(second.raw_parts().ptr, first_ptr, "memory was reused while its copy was queued");
+        assert!(!gate.passed());
+        gate.open_after(std::time::Duration::ZERO).join().unwrap();
+        reaper::drain(); // the copy ran, and the reaper gave the memory to the cache
+        let third = DeviceBuffer::<u8>::zeroed_cached(&stream, ODD_LEN).unwrap();
+        assert_eq!(third.raw_parts().ptr, first_ptr, "idle cached memory was not reused");
+        let got = third.to_vec(&stream).unwrap();
+        assert!(got.iter().all(|&b| b == 0), "reused memory kept its former user's bytes");
+        drop((second, third));
+    }
+
+    /// Staging buffers come from the cache too, and an allocation failing for lack of memory
+    /// releases it before its second try.
+    #[test]
+    fn out_of_memory_releases_the_cache() {
+        let _serial = global_cache_lock();
+        let staging = PinnedBuffer::<u8>::staging(Device::Host, ODD_LEN + 1).unwrap();
+        drop(staging);
+        assert!(global().held_bytes() >= size_class(ODD_LEN));
+        // More than the machine has: fails, releases the cache, fails again.
+        let huge = DeviceBuffer::<u8>::zeroed_cached(
+            &Stream::new(Device::Host).unwrap(),
+            isize::MAX as usize - 4095,
+        );
+        assert!(huge.is_err());
+        let again = PinnedBuffer::<u8>::staging(Device::Host, ODD_LEN).unwrap();
+        assert!(again.as_slice().is_ok());
+    }
+
+    /// A reused allocation keeps no trace of its former uses: its tracker is fresh.
+    #[test]
+    fn a_cached_allocation_forgets_its_former_uses() {
+        let cache = Cache::new(Caps { count: 8, bytes: 1 << 20 });
+        let stream = Stream::new(Device::Host).unwrap();
+        let (alloc, _) = TrackedAllocation::cached_in(&cache, Place::Host, 64).unwrap();
+        UseTracker::use_on(&stream, &[(&alloc.tracker, Access::Write)], || Ok(())).unwrap();
+        alloc.tracker.wait_idle().unwrap();
+        let handles = stream.handle_count();
+        drop_into(&cache, alloc);
+        assert!(stream.handle_count() < handles, "the cached tracker still holds its stream");
+        let (again, reused) = TrackedAllocation::cached_in(&cache, Place::Host, 64).unwrap();
+        assert!(reused);
+        assert_eq!(stream.handle_count(), handles - 1);
+        drop_into(&cache, again);
+        cache.release();
+    }
+}
