@@ -7,7 +7,13 @@
 //!   and transfer out timed one after another): on a GPU, pipelined / serial shows how much
 //!   transfer overlaps compute.
 //!
-//! Figures are times per apply (median of repeats, waits included), reported as GB/s of input.
+//! - the allocation of a 1 MiB array on the device and its drop, `ARRAY_CYCLES` in a row then
+//!   one wait: through the allocation cache (`Array::zeros`, what every apply's outputs and
+//!   transfer staging use) against a fresh `DeviceBuffer::zeroed` freed at its drop (on CUDA,
+//!   `cudaMalloc` + memset + `cudaFree`).
+//!
+//! Figures are times per apply (median of repeats, waits included), reported as GB/s of input,
+//! and microseconds per allocation cycle.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -15,7 +21,7 @@ use std::time::Instant;
 use cuferry::linop::{
     create_batched_linop, Array, BatchSpec, Dense, DeviceMatrix, Dims, Linop, LinopRef, ToDevice,
 };
-use cuferry::{Device, DeviceSpec, Result};
+use cuferry::{Device, DeviceBuffer, DeviceSpec, Result};
 
 use super::measure::{gbps, median_secs};
 use super::report::Row;
@@ -24,6 +30,9 @@ const B: usize = 4096;
 const I: usize = 256;
 const O: usize = 64;
 const TILES: usize = 8;
+
+/// Allocation cycles per timed repeat of the array-allocation row.
+const ARRAY_CYCLES: usize = 200;
 
 fn values(n: usize, seed: u64) -> Vec<f64> {
     let mut s = seed | 1;
@@ -86,6 +95,7 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
         v[v.len() / 2]
     };
     let serial = TILES as f64 * (median(&mut t_in) + median(&mut t_compute) + median(&mut t_out));
+    let (cached_us, fresh_us) = array_cycles_us(&target, repeats)?;
     let place = if device.is_host() { "2 host devices".to_string() } else { device.to_string() };
     Ok(vec![
         Row {
@@ -113,5 +123,37 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
             ceiling: Some(("serial sum of parts".into(), gbps(bytes, serial))),
             baseline: Some(("unsplit on the host".into(), gbps(bytes, unsplit))),
         },
+        Row {
+            section: "linop",
+            case: format!("alloc+zero+free of a 1 MiB array on {device}, allocation cache"),
+            bytes: 1 << 20,
+            params: format!("{ARRAY_CYCLES} in a row, then one wait; fresh buffer {fresh_us:.2} us"),
+            value: cached_us,
+            unit: "us",
+            ceiling: None,
+            baseline: Some(("DeviceBuffer::zeroed + drop".into(), fresh_us)),
+        },
     ])
+}
+
+/// Microseconds per allocation cycle of a 1 MiB f64 array on `spec`: through the allocation
+/// cache (`Array::zeros`, dropped at once) and as a fresh `DeviceBuffer::zeroed` (dropped at
+/// once, which waits for its memset and frees). Each repeat runs [`ARRAY_CYCLES`] cycles and
+/// then waits for the spec's compute stream.
+fn array_cycles_us(spec: &DeviceSpec, repeats: usize) -> Result<(f64, f64)> {
+    let len = (1 << 20) / 8;
+    let per_cycle = |secs: f64| secs * 1e6 / ARRAY_CYCLES as f64;
+    let cached = median_secs(repeats, || {
+        for _ in 0..ARRAY_CYCLES {
+            drop(Array::<f64>::zeros(spec, &[len])?);
+        }
+        spec.compute_stream.synchronize()
+    })?;
+    let fresh = median_secs(repeats, || {
+        for _ in 0..ARRAY_CYCLES {
+            drop(DeviceBuffer::<f64>::zeroed(&spec.compute_stream, len)?);
+        }
+        spec.compute_stream.synchronize()
+    })?;
+    Ok((per_cycle(cached), per_cycle(fresh)))
 }
