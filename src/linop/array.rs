@@ -15,10 +15,10 @@
 //! - Everything is queued asynchronously; only [`Array::from_slice`] (until the data has been
 //!   read) and [`Array::to_vec`] block. Dropping an array does not wait: memory linop
 //!   allocated (arrays from [`Array::from_slice`], [`Array::zeros`] and operators, transfer
-//!   staging) comes from the allocation cache and goes back to it (or is freed, when the
-//!   cache is full) from a background thread once the work queued on it has finished. Only
-//!   when 1024 such frees (or 4 GiB) are already pending does a drop wait for its own work,
-//!   so the host never runs unboundedly ahead. A buffer passed to [`Array::from_buffer`] keeps
+//!   staging) comes from the allocation cache and goes back to it once the work queued on it
+//!   has finished: at the drop when that work is done, otherwise from a background thread.
+//!   Only when 1024 such releases (or 4 GiB) are already pending does a drop wait for its own
+//!   work, so the host never runs unboundedly ahead. A buffer passed to [`Array::from_buffer`] keeps
 //!   its own drop rule (waits). Ordering between operations on a buffer comes from the
 //!   buffer's use tracking (see [`crate::memory`]), so any stream may consume an array.
 //! - Errors of queued work (a kernel job that panicked) are kept by the stream it ran on;

@@ -90,8 +90,9 @@ pub(crate) fn byte_len<T>(len: usize) -> Result<usize> {
 }
 
 /// Runs `alloc`; when it fails for lack of memory while deferred frees are pending or memory
-/// is cached, waits for the frees, releases the cache, and runs it once more.
-fn retry_after_deferred_frees<R>(mut alloc: impl FnMut() -> Result<R>) -> Result<R> {
+/// is cached, waits for the frees, releases the cache, and runs it once more. Every allocation
+/// cuferry makes on a device or in pinned memory goes through here (buffers and managed pools).
+pub(crate) fn retry_after_deferred_frees<R>(mut alloc: impl FnMut() -> Result<R>) -> Result<R> {
     match alloc() {
         Err(err)
             if is_out_of_memory(&err)
@@ -165,7 +166,9 @@ impl TrackedAllocation {
         if let Some(alloc) = cache.take(place, bytes) {
             return Ok((alloc, true));
         }
-        let capacity = cache::size_class(bytes);
+        // An allocation the cache could never keep is made exactly as large as asked.
+        let class = cache::size_class(bytes);
+        let capacity = if cache.admits(class) { class } else { bytes };
         let mut alloc = match place {
             Place::Host => Self::host_zeroed(capacity)?,
             Place::CudaDevice(ordinal) => Self::cuda_device(ordinal, capacity)?,
@@ -175,7 +178,7 @@ impl TrackedAllocation {
         };
         alloc.bytes = bytes;
         alloc.deferred = true;
-        alloc.recycle = capacity > 0;
+        alloc.recycle = capacity > 0 && capacity == class && cache.admits(class);
         Ok((alloc, false))
     }
 

@@ -9,23 +9,29 @@
 //!
 //! Rules:
 //! - Only allocations made through the cache ([`TrackedAllocation::cached`]) come back to it.
-//!   They are sized up to their [`size_class`], so an allocation of a nearby size can reuse them.
+//!   They are sized up to their [`size_class`], so an allocation of a nearby size can reuse
+//!   them; one whose class is larger than the byte cap is made exactly as large as asked and
+//!   freed when dropped (it could never be cached).
 //! - An allocation enters the cache only once every queued use has finished: at its drop when
-//!   its tracker is already idle, otherwise from the [reaper](super::reaper) once its work has
-//!   run. Its tracker is then reset, so a reused allocation waits for no event and keeps no
-//!   former user's stream alive. A tracker that cannot be queried means the work's fate is
-//!   unknown: that memory is leaked, never cached.
-//! - A reused allocation holds stale bytes of its former user: the buffer constructors built
-//!   on the cache zero it or overwrite it before anyone reads it.
+//!   its tracker is already idle; from the [reaper](super::reaper) once its work has run; or,
+//!   when the reaper's caps refuse it, at its drop after waiting for that work. Its tracker is
+//!   then reset, so a reused allocation waits for no event and keeps no former user's stream
+//!   alive. A tracker that cannot be queried means the work's fate is unknown: that memory is
+//!   leaked, never cached.
+//! - A reused allocation holds stale bytes of its former user. `DeviceBuffer::zeroed_cached`
+//!   zeroes it and `from_slice_cached` overwrites it; with `uninit_cached` and
+//!   `PinnedBuffer::staging` the caller writes every element before anything reads it (linop's
+//!   transfers copy into the whole buffer).
 //! - The cache holds at most [`MAX_CACHED_BYTES`] and [`MAX_CACHED`] allocations per place: to
 //!   make room it frees that place's longest-cached allocations (a working set that changed
 //!   replaces the old one); an allocation larger than the byte cap by itself is freed. The
 //!   most recently cached allocation of a class is reused first (its lines may still be in a
 //!   CPU cache). Freed allocations, evicted or released, never come back to the cache.
-//! - An allocation failing for lack of memory releases the cache (after the reaper's pending
-//!   frees) and is tried once more, so cached memory is never mistaken for memory in use;
-//!   [`release_cached_memory`] frees it on request. Allocations are freed outside the cache's
-//!   lock.
+//! - An allocation of cuferry's (a buffer, or a managed pool's) failing for lack of memory
+//!   releases the cache (after the reaper's pending frees) and is tried once more, so cuferry
+//!   never mistakes cached memory for memory in use. Other allocations in the process (a
+//!   user's own `cudaMalloc`, another library's) do not: [`release_cached_memory`] frees the
+//!   cache on request. Allocations are freed outside the cache's lock.
 
 use std::collections::HashMap;
 use std::sync::{LazyLock, Mutex, MutexGuard};
@@ -154,7 +160,7 @@ impl Cache {
     pub(crate) fn give(&self, mut alloc: TrackedAllocation) -> Result<(), TrackedAllocation> {
         let Some(place) = alloc.place().filter(|_| alloc.is_recycled()) else { return Err(alloc) };
         let class = alloc.capacity();
-        if class == 0 || size_class(class) != class || class > self.caps.bytes || self.caps.count == 0 {
+        if size_class(class) != class || !self.admits(class) {
             return Err(alloc);
         }
         alloc.forget_uses();
@@ -199,6 +205,11 @@ impl Cache {
         self.lock().free.get(&(place, class)).map_or(0, Vec::len)
     }
 
+    /// Whether an allocation of size class `class` could ever be cached here.
+    pub(crate) fn admits(&self, class: usize) -> bool {
+        class > 0 && class <= self.caps.bytes && self.caps.count > 0
+    }
+
     /// Bytes cached, over every place.
     pub(crate) fn held_bytes(&self) -> usize {
         self.lock().held.values().map(|h| h.bytes).sum()
@@ -236,7 +247,7 @@ pub fn cached_memory_bytes() -> usize {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use super::{global, size_class, Cache, Caps, Place, MIN_CLASS};
+    use super::{global, size_class, Cache, Caps, Place, MAX_CACHED_BYTES, MIN_CLASS};
     use crate::copy::copy;
     use crate::memory::allocation::TrackedAllocation;
     use crate::memory::reaper;
@@ -377,22 +388,28 @@ pub(crate) mod tests {
         drop((second, third));
     }
 
-    /// Staging buffers come from the cache too, and an allocation failing for lack of memory
-    /// releases it before its second try.
+    /// Staging buffers come from the cache too; an allocation failing for lack of memory
+    /// releases the cache before its second try; an allocation the cache could never keep is
+    /// made exactly as large as asked.
     #[test]
     fn out_of_memory_releases_the_cache() {
         let _serial = global_cache_lock();
         let staging = PinnedBuffer::<u8>::staging(Device::Host, ODD_LEN + 1).unwrap();
+        let ptr = staging.raw_parts().ptr;
         drop(staging);
-        assert!(global().held_bytes() >= size_class(ODD_LEN));
-        // More than the machine has: fails, releases the cache, fails again.
-        let huge = DeviceBuffer::<u8>::zeroed_cached(
-            &Stream::new(Device::Host).unwrap(),
-            isize::MAX as usize - 4095,
-        );
-        assert!(huge.is_err());
+        assert!(global().count_of(Place::Host, ODD_CLASS) >= 1);
+        // A petabyte: its class is itself, over the cap, and no host has it. The host
+        // allocator refuses it for lack of memory (not as a bad layout), so the retry runs.
+        let huge = DeviceBuffer::<u8>::zeroed_cached(&Stream::new(Device::Host).unwrap(), 1 << 50);
+        assert!(matches!(huge, Err(crate::Error::Unsupported { .. })), "{huge:?}");
+        assert_eq!(global().count_of(Place::Host, ODD_CLASS), 0, "the failure did not release the cache");
         let again = PinnedBuffer::<u8>::staging(Device::Host, ODD_LEN).unwrap();
         assert!(again.as_slice().is_ok());
+        drop((ptr, again));
+        // Over the cap: exact, and never cached.
+        let big = MAX_CACHED_BYTES + 1;
+        let (alloc, _) = TrackedAllocation::cached(Place::Host, big).unwrap();
+        assert_eq!((alloc.bytes(), alloc.capacity(), alloc.is_recycled()), (big, big, false));
     }
 
     /// A reused allocation keeps no trace of its former uses: its tracker is fresh.

@@ -1,30 +1,33 @@
-//! Deferred frees: allocations dropped while queued work still uses them, freed later by one
-//! background thread once that work has finished, so the dropping thread does not wait.
+//! Deferred frees: allocations dropped while queued work still uses them, released later by
+//! one background thread once that work has finished, so the dropping thread does not wait.
+//! "Released" means freed, or, for an allocation made through the
+//! [allocation cache](super::cache) (all of linop's), given back to that cache.
 //!
 //! Rules:
 //! - Only allocations marked for it are deferred (linop's arrays and their transfer staging,
 //!   whose intermediates are dropped inside `apply`); every other buffer's drop waits for its
 //!   queued work and frees, as the [memory module](crate::memory) says.
-//! - A marked allocation whose work has already finished is freed at once by the dropping
+//! - A marked allocation whose work has already finished is released at once by the dropping
 //!   thread; otherwise it is handed to the reaper thread, started on first use.
-//! - The reaper frees each allocation as soon as its tracker is idle, in whatever order they
-//!   become idle: one held back by a long queue does not hold back the others. Between polls
-//!   it sleeps with a growing backoff (20 us to 1 ms), woken early by new allocations, all of
-//!   which it takes from its queue before the next poll.
+//! - The reaper releases each allocation as soon as its tracker is idle, in whatever order
+//!   they become idle: one held back by a long queue does not hold back the others. Between
+//!   polls it sleeps with a growing backoff (20 us to 1 ms), woken early by new allocations,
+//!   all of which it takes from its queue before the next poll.
 //! - When a tracker cannot be queried (the queued work's fate is unknown) the memory is
-//!   leaked and the error kept for [`take_drop_error`](crate::take_drop_error), as a waiting
-//!   drop does; the tracker's streams and events are released.
-//! - [`drain`] blocks until every allocation handed over before the call has been freed or
+//!   leaked (never cached) and the error kept for [`take_drop_error`](crate::take_drop_error),
+//!   as a waiting drop does; the tracker's streams and events are released.
+//! - [`drain`] blocks until every allocation handed over before the call has been released or
 //!   leaked (each carries a ticket); ones handed over later, by other threads, do not hold it
-//!   up. Allocators call it after an out-of-memory failure and try once more, so memory
-//!   waiting for its work is not mistaken for memory in use.
+//!   up. Allocators call it after an out-of-memory failure, release the cache, and try once
+//!   more, so memory waiting for its work is not mistaken for memory in use.
 //! - The host runs ahead of its queued work by a bounded amount: while [`MAX_PENDING`]
-//!   allocations, or [`MAX_PENDING_BYTES`] bytes, wait for their work, a marked drop that would
-//!   exceed either waits for its own work and frees, as an unmarked one (a loop of `apply`
-//!   without a read-back paces itself on that work instead of growing without bound). The
-//!   first pending allocation is always taken, whatever its size. A drop inside a host
-//!   stream's job is always taken: waiting there could be for work queued behind that job.
-//! - When the reaper thread cannot be started, the drop waits and frees as an unmarked one.
+//!   allocations, or [`MAX_PENDING_BYTES`] bytes (as allocated: a cached allocation counts its
+//!   size class), wait for their work, a marked drop that would exceed either waits for its
+//!   own work and releases, as an unmarked one frees (a loop of `apply` without a read-back
+//!   paces itself on that work instead of growing without bound). The first pending
+//!   allocation is always taken, whatever its size. A drop inside a host stream's job is
+//!   always taken: waiting there could be for work queued behind that job.
+//! - When the reaper thread cannot be started, the drop waits and releases as an unmarked one.
 //!   Allocations still pending when the process exits are not freed (the system reclaims
 //!   them).
 
@@ -133,7 +136,7 @@ impl Reaper {
 
     /// See [`defer`].
     fn defer(&self, alloc: TrackedAllocation, capped: Capped) -> Result<(), TrackedAllocation> {
-        let bytes = alloc.bytes();
+        let bytes = alloc.capacity();
         let ticket = self.pending.update(|p| {
             if capped == Capped::Yes && !p.admits(bytes, self.caps) {
                 return None;
@@ -196,7 +199,7 @@ fn serve(inbox: &Receiver<Ticketed>, pending: &Monitor<Pending>) {
                 continue;
             }
             let (ticket, alloc) = waiting.swap_remove(k);
-            freed_bytes += alloc.bytes();
+            freed_bytes += alloc.capacity();
             done.push(ticket);
             match idle {
                 // Unmarked: its drop finds the work finished and frees at once.
