@@ -168,7 +168,8 @@ impl TrackedAllocation {
         }
         // An allocation the cache could never keep is made exactly as large as asked.
         let class = cache::size_class(bytes);
-        let capacity = if cache.admits(class) { class } else { bytes };
+        let cacheable = cache.admits(class);
+        let capacity = if cacheable { class } else { bytes };
         let mut alloc = match place {
             Place::Host => Self::host_zeroed(capacity)?,
             Place::CudaDevice(ordinal) => Self::cuda_device(ordinal, capacity)?,
@@ -178,7 +179,7 @@ impl TrackedAllocation {
         };
         alloc.bytes = bytes;
         alloc.deferred = true;
-        alloc.recycle = capacity > 0 && capacity == class && cache.admits(class);
+        alloc.recycle = cacheable;
         Ok((alloc, false))
     }
 
