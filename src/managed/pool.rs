@@ -26,7 +26,7 @@ use crate::cuda::memory as raw_memory;
 use crate::cuda::stream::RawStream;
 use crate::device::Device;
 use crate::error::{record_drop_error, Error, Result};
-use crate::memory::allocation::{retry_after_deferred_frees, HOST_ALIGN};
+use crate::memory::allocation::{retry_after_deferred_frees, DrawsOn, HOST_ALIGN};
 
 /// `cudaErrorNotSupported`.
 pub(crate) const NOT_SUPPORTED: i32 = 801;
@@ -147,10 +147,11 @@ impl PoolInner {
             (PoolKind::ManagedPool, Some(pool), _) => {
                 let s =
                     stream.ok_or_else(|| Error::invalid("a managed pool allocation needs a CUDA stream"))?;
-                retry_after_deferred_frees(|| raw::pool_alloc_async(pool, bytes, s))?.cast::<u8>()
+                retry_after_deferred_frees(DrawsOn::Any, || raw::pool_alloc_async(pool, bytes, s))?
+                    .cast::<u8>()
             }
             (PoolKind::MallocManaged, _, Device::Cuda(i)) => {
-                retry_after_deferred_frees(|| raw::malloc_managed(i, bytes))?.cast::<u8>()
+                retry_after_deferred_frees(DrawsOn::Any, || raw::malloc_managed(i, bytes))?.cast::<u8>()
             }
             _ => {
                 let layout = host_layout(bytes)?;

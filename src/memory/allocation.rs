@@ -13,8 +13,9 @@
 //!   deferred as above and, once its work has finished, goes back to the cache instead of
 //!   being freed (freed when the cache is full).
 //! - An allocation that fails for lack of memory while deferred frees are pending or memory is
-//!   cached waits for the frees ([`reaper::drain`](super::reaper::drain)), releases the cache,
-//!   and is tried once more.
+//!   cached waits for the frees ([`reaper::drain`](super::reaper::drain)), releases the cached
+//!   memory of the kind it draws on ([`DrawsOn`]: host and pinned memory, its device's, or for
+//!   managed memory all of it), and is tried once more.
 
 use std::alloc::{self, Layout};
 use std::os::raw::c_void;
@@ -23,7 +24,7 @@ use std::ptr::NonNull;
 use super::cache::{self, Cache, Place};
 use crate::cuda::memory as raw;
 use crate::error::{record_drop_error, Error, Result};
-use crate::memory::reaper::Capped;
+use crate::memory::reaper::{self, Capped};
 use crate::memory::tracker::UseTracker;
 
 /// The end of the message of a host-backend allocation that failed for lack of memory (the
@@ -89,18 +90,44 @@ pub(crate) fn byte_len<T>(len: usize) -> Result<usize> {
     })
 }
 
+/// The memory an allocation draws on, and so the cached memory whose release can help it
+/// when it fails for lack of memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DrawsOn {
+    /// Host memory: the host backend's buffers and pinned memory of every ordinal.
+    Host,
+    /// The memory of one CUDA device.
+    Device(u32),
+    /// Either (managed memory lives on the host or a device).
+    Any,
+}
+
+impl DrawsOn {
+    /// Whether releasing memory cached at `place` frees memory this allocation draws on.
+    pub(crate) fn covers(self, place: Place) -> bool {
+        match (self, place) {
+            (DrawsOn::Any, _) => true,
+            (DrawsOn::Host, Place::Host | Place::CudaPinned(_)) => true,
+            (DrawsOn::Device(i), Place::CudaDevice(j)) => i == j,
+            _ => false,
+        }
+    }
+}
+
 /// Runs `alloc`; when it fails for lack of memory while deferred frees are pending or memory
-/// is cached, waits for the frees, releases the cache, and runs it once more. Every allocation
-/// cuferry makes on a device or in pinned memory goes through here (buffers and managed pools).
-pub(crate) fn retry_after_deferred_frees<R>(mut alloc: impl FnMut() -> Result<R>) -> Result<R> {
+/// it `draws_on` is cached, waits for the frees, releases that part of the cache (another
+/// device's stays), and runs it once more. Every allocation cuferry makes on a device or in
+/// pinned memory goes through here (buffers and managed pools).
+pub(crate) fn retry_after_deferred_frees<R>(
+    draws_on: DrawsOn,
+    mut alloc: impl FnMut() -> Result<R>,
+) -> Result<R> {
+    let cached = || cache::global().held_bytes_where(|p| draws_on.covers(p));
     match alloc() {
-        Err(err)
-            if is_out_of_memory(&err)
-                && (super::reaper::pending() > 0 || cache::global().held_bytes() > 0) =>
-        {
+        Err(err) if is_out_of_memory(&err) && (super::reaper::pending() > 0 || cached() > 0) => {
             // The reaper's frees first: those of cached allocations end in the cache.
             super::reaper::drain();
-            cache::global().release();
+            cache::global().release_where(|p| draws_on.covers(p));
             alloc()
         }
         other => other,
@@ -119,7 +146,7 @@ fn is_out_of_memory(err: &Error) -> bool {
 impl TrackedAllocation {
     /// Zeroed page-aligned host memory.
     pub(crate) fn host_zeroed(bytes: usize) -> Result<Self> {
-        retry_after_deferred_frees(|| Self::try_host_zeroed(bytes))
+        retry_after_deferred_frees(DrawsOn::Host, || Self::try_host_zeroed(bytes))
     }
 
     fn try_host_zeroed(bytes: usize) -> Result<Self> {
@@ -137,13 +164,13 @@ impl TrackedAllocation {
 
     /// Uninitialised device memory.
     pub(crate) fn cuda_device(ordinal: u32, bytes: usize) -> Result<Self> {
-        let ptr = retry_after_deferred_frees(|| raw::device_alloc(ordinal, bytes))?;
+        let ptr = retry_after_deferred_frees(DrawsOn::Device(ordinal), || raw::device_alloc(ordinal, bytes))?;
         Ok(Self::new(ptr.cast(), bytes, Origin::CudaDevice(ordinal)))
     }
 
     /// Pinned host memory (`CUFERRY_PINNED_*` flags), zeroed on the host.
     pub(crate) fn cuda_pinned_zeroed(ordinal: u32, bytes: usize, flags: u32) -> Result<Self> {
-        let ptr = retry_after_deferred_frees(|| raw::pinned_alloc(ordinal, bytes, flags))?;
+        let ptr = retry_after_deferred_frees(DrawsOn::Host, || raw::pinned_alloc(ordinal, bytes, flags))?;
         if !ptr.is_null() {
             // SAFETY: `ptr` is a fresh host allocation of `bytes` bytes that nothing else uses.
             unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), 0, bytes) };
@@ -169,6 +196,11 @@ impl TrackedAllocation {
         // An allocation the cache could never keep is made exactly as large as asked.
         let class = cache::size_class(bytes);
         let cacheable = cache.admits(class);
+        // Memory whose work finished after its drop may still wait for the reaper's poll.
+        if let Some(mut alloc) = cacheable.then(|| reaper::reclaim(cache, place, class)).flatten() {
+            alloc.reuse_for(bytes);
+            return Ok((alloc, true));
+        }
         let capacity = if cacheable { class } else { bytes };
         let mut alloc = match place {
             Place::Host => Self::host_zeroed(capacity)?,
@@ -326,9 +358,10 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
 
-    use super::{retry_after_deferred_frees, Error};
+    use super::{retry_after_deferred_frees, DrawsOn, Error, TrackedAllocation};
     use crate::copy::copy;
     use crate::device::Device;
+    use crate::memory::cache::{self, Place};
     use crate::memory::DeviceBuffer;
     use crate::stream::test_gate::Gate;
     use crate::stream::Stream;
@@ -356,7 +389,7 @@ mod tests {
         drop(src); // deferred: its copy waits behind the gate
         let calls = AtomicUsize::new(0);
         let opener = gate.open_after(Duration::from_millis(20));
-        let got = retry_after_deferred_frees(|| match calls.fetch_add(1, Ordering::SeqCst) {
+        let got = retry_after_deferred_frees(DrawsOn::Any, || match calls.fetch_add(1, Ordering::SeqCst) {
             0 => Err(out_of_memory()),
             _ => Ok(gate.passed()),
         });
@@ -365,7 +398,7 @@ mod tests {
         assert_eq!(calls.load(Ordering::SeqCst), 2);
 
         let calls = AtomicUsize::new(0);
-        let got: Result<(), Error> = retry_after_deferred_frees(|| {
+        let got: Result<(), Error> = retry_after_deferred_frees(DrawsOn::Any, || {
             calls.fetch_add(1, Ordering::SeqCst);
             Err(Error::invalid("not a lack of memory"))
         });
@@ -374,5 +407,41 @@ mod tests {
         let host = super::TrackedAllocation::host_zeroed(isize::MAX as usize - 4095).map(drop);
         assert!(host.as_ref().is_err_and(super::is_out_of_memory), "{host:?}");
         assert_eq!(calls.load(Ordering::SeqCst), 1, "a failure other than out-of-memory was retried");
+    }
+
+    /// Memory that an allocation failing for lack of memory cannot have drawn on stays
+    /// cached: one device's failure keeps host and pinned memory (and other devices'), a
+    /// host failure releases both host places, managed memory's releases everything.
+    #[test]
+    fn out_of_memory_releases_only_the_memory_it_draws_on() {
+        use Place::{CudaDevice, CudaPinned, Host};
+        let cases = [
+            (DrawsOn::Host, [true, true, false, false]),
+            (DrawsOn::Device(1), [false, false, false, true]),
+            (DrawsOn::Any, [true, true, true, true]),
+        ];
+        for (draws_on, covered) in cases {
+            let places = [Host, CudaPinned(0), CudaDevice(0), CudaDevice(1)];
+            let got: Vec<bool> = places.iter().map(|&p| draws_on.covers(p)).collect();
+            assert_eq!(got, covered, "{draws_on:?}");
+        }
+        let _serial = crate::memory::cache::tests::global_cache_lock();
+        let bytes = 5 << 20;
+        let (alloc, _) = TrackedAllocation::cached(Place::Host, bytes).unwrap();
+        let class = alloc.capacity();
+        drop(alloc); // idle: cached at once
+        let held = || cache::global().held_bytes_where(|p| p == Place::Host);
+        assert!(held() >= class);
+        let failing = || -> crate::Result<()> { Err(out_of_memory()) };
+        assert!(retry_after_deferred_frees(DrawsOn::Device(0), failing).is_err());
+        assert!(held() >= class, "a device's failure released host memory");
+        let calls = AtomicUsize::new(0);
+        let retried =
+            retry_after_deferred_frees(DrawsOn::Host, || match calls.fetch_add(1, Ordering::SeqCst) {
+                0 => Err(out_of_memory()),
+                _ => Ok(()),
+            });
+        assert_eq!((retried, calls.load(Ordering::SeqCst)), (Ok(()), 2));
+        assert_eq!(held(), 0, "a host failure kept cached host memory");
     }
 }

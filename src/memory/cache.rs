@@ -14,9 +14,11 @@
 //!   freed when dropped (it could never be cached).
 //! - An allocation enters the cache only once every queued use has finished: at its drop when
 //!   its tracker is already idle; from the [reaper](super::reaper) once its work has run; or,
-//!   when the reaper's caps refuse it, at its drop after waiting for that work. Its tracker is
-//!   then reset, so a reused allocation waits for no event and keeps no former user's stream
-//!   alive. A tracker that cannot be queried means the work's fate is unknown: that memory is
+//!   when the reaper's caps refuse it, at its drop after waiting for that work. An
+//!   allocation that finds its class empty here also takes one the reaper still holds whose
+//!   work has finished (the reaper's `reclaim`), rather than wait for the reaper's next poll.
+//!   Its tracker is then reset, so a reused allocation waits for no event and keeps no former
+//!   user's stream alive. A tracker that cannot be queried means the work's fate is unknown: that memory is
 //!   leaked, never cached.
 //! - A reused allocation holds stale bytes of its former user. `DeviceBuffer::zeroed_cached`
 //!   zeroes it and `from_slice_cached` overwrites it; with `uninit_cached` and
@@ -28,8 +30,9 @@
 //!   most recently cached allocation of a class is reused first (its lines may still be in a
 //!   CPU cache). Freed allocations, evicted or released, never come back to the cache.
 //! - An allocation of cuferry's (a buffer, or a managed pool's) failing for lack of memory
-//!   releases the cache (after the reaper's pending frees) and is tried once more, so cuferry
-//!   never mistakes cached memory for memory in use. Other allocations in the process (a
+//!   releases the cache's memory of the kind it draws on (after the reaper's pending frees)
+//!   and is tried once more, so cuferry never mistakes cached memory for memory in use; a
+//!   device running out leaves the host's and other devices' cached memory in place. Other allocations in the process (a
 //!   user's own `cudaMalloc`, another library's) do not: [`release_cached_memory`] frees the
 //!   cache on request. Allocations are freed outside the cache's lock.
 
@@ -157,14 +160,27 @@ impl Cache {
     /// longest-cached allocations while it would not fit under the caps. Hands it back when it
     /// is not a cached allocation or is larger than the byte cap by itself (the caller frees
     /// it).
-    pub(crate) fn give(&self, mut alloc: TrackedAllocation) -> Result<(), TrackedAllocation> {
+    pub(crate) fn give(&self, alloc: TrackedAllocation) -> Result<(), TrackedAllocation> {
+        let mut evicted = Vec::new();
+        let given = self.give_collecting(alloc, &mut evicted);
+        drop(evicted);
+        given
+    }
+
+    /// [`Cache::give`], but the allocations evicted to make room are pushed onto `evicted`
+    /// (marked to be freed when dropped) instead of being freed here: the reaper gives under
+    /// its own lock and frees outside it.
+    pub(crate) fn give_collecting(
+        &self,
+        mut alloc: TrackedAllocation,
+        evicted: &mut Vec<TrackedAllocation>,
+    ) -> Result<(), TrackedAllocation> {
         let Some(place) = alloc.place().filter(|_| alloc.is_recycled()) else { return Err(alloc) };
         let class = alloc.capacity();
         if size_class(class) != class || !self.admits(class) {
             return Err(alloc);
         }
         alloc.forget_uses();
-        let mut evicted = Vec::new();
         let mut shelves = self.lock();
         loop {
             let held = shelves.held.get(&place).copied().unwrap_or_default();
@@ -182,20 +198,25 @@ impl Cache {
         let stamp = shelves.next_stamp;
         shelves.next_stamp += 1;
         shelves.free.entry((place, class)).or_default().push((stamp, alloc));
-        drop(shelves);
-        drop(evicted);
         Ok(())
     }
 
     /// Frees every cached allocation (outside the lock); returns their bytes.
     pub(crate) fn release(&self) -> usize {
-        let free = {
+        self.release_where(|_| true)
+    }
+
+    /// Frees the cached allocations of the places `pick` chooses (outside the lock); returns
+    /// their bytes.
+    pub(crate) fn release_where(&self, pick: impl Fn(Place) -> bool) -> usize {
+        let free: Vec<_> = {
             let mut shelves = self.lock();
-            shelves.held.clear();
-            std::mem::take(&mut shelves.free)
+            shelves.held.retain(|&place, _| !pick(place));
+            let keys: Vec<_> = shelves.free.keys().copied().filter(|&(place, _)| pick(place)).collect();
+            keys.iter().filter_map(|key| shelves.free.remove(key)).collect()
         };
         let freed: Vec<TrackedAllocation> =
-            free.into_values().flatten().map(|(_, alloc)| alloc.uncached()).collect();
+            free.into_iter().flatten().map(|(_, alloc)| alloc.uncached()).collect();
         freed.iter().map(TrackedAllocation::capacity).sum()
     }
 
@@ -212,7 +233,12 @@ impl Cache {
 
     /// Bytes cached, over every place.
     pub(crate) fn held_bytes(&self) -> usize {
-        self.lock().held.values().map(|h| h.bytes).sum()
+        self.held_bytes_where(|_| true)
+    }
+
+    /// Bytes cached at the places `pick` chooses.
+    pub(crate) fn held_bytes_where(&self, pick: impl Fn(Place) -> bool) -> usize {
+        self.lock().held.iter().filter(|(&place, _)| pick(place)).map(|(_, h)| h.bytes).sum()
     }
 }
 
@@ -386,6 +412,30 @@ pub(crate) mod tests {
         let got = third.to_vec(&stream).unwrap();
         assert!(got.iter().all(|&b| b == 0), "reused memory kept its former user's bytes");
         drop((second, third));
+    }
+
+    /// Memory dropped while its work waits is reused by the next allocation of its class as
+    /// soon as that work has finished, without waiting for the reaper's next poll (which the
+    /// held work has backed off to its longest sleep).
+    #[test]
+    fn memory_whose_work_finished_is_reused_before_the_reapers_next_poll() {
+        let _serial = global_cache_lock();
+        let stream = Stream::new(Device::Host).unwrap();
+        let held = Stream::new(Device::Host).unwrap();
+        let ones = DeviceBuffer::from_slice(&stream, &vec![1u8; ODD_LEN]).unwrap();
+        for round in 0..10 {
+            let mut buf = DeviceBuffer::<u8>::zeroed_cached(&stream, ODD_LEN).unwrap();
+            let ptr = buf.raw_parts().ptr;
+            let gate = Gate::hold(&held);
+            copy(&held, &ones, &mut buf).unwrap();
+            global().release(); // nothing else of its class to reuse
+            drop(buf); // its copy waits behind the gate: handed to the reaper
+            gate.open_after(std::time::Duration::from_millis(5)).join().unwrap();
+            held.synchronize().unwrap();
+            let again = DeviceBuffer::<u8>::zeroed_cached(&stream, ODD_LEN).unwrap();
+            assert_eq!(again.raw_parts().ptr, ptr, "round {round}: idle memory waited for the reaper's poll");
+            assert!(again.to_vec(&stream).unwrap().iter().all(|&b| b == 0), "round {round}: not zeroed");
+        }
     }
 
     /// Staging buffers come from the cache too; an allocation failing for lack of memory

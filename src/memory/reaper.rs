@@ -11,14 +11,14 @@
 //!   thread; otherwise it is handed to the reaper thread, started on first use.
 //! - The reaper releases each allocation as soon as its tracker is idle, in whatever order
 //!   they become idle: one held back by a long queue does not hold back the others. Between
-//!   polls it sleeps with a growing backoff (20 us to 1 ms), woken early by new allocations,
-//!   all of which it takes from its queue before the next poll.
+//!   polls it sleeps with a growing backoff (20 us to 1 ms), woken early by each allocation
+//!   handed over (one poll serves every wake-up sent before it).
 //! - When a tracker cannot be queried (the queued work's fate is unknown) the memory is
 //!   leaked (never cached) and the error kept for [`take_drop_error`](crate::take_drop_error),
 //!   as a waiting drop does; the tracker's streams and events are released.
-//! - [`drain`] blocks until every allocation handed over before the call has been released or
-//!   leaked (each carries a ticket); ones handed over later, by other threads, do not hold it
-//!   up. Allocators call it after an out-of-memory failure, release the cache, and try once
+//! - [`drain`] blocks until every allocation handed over before the call has been released,
+//!   reclaimed or leaked (each carries a ticket); ones handed over later, by other threads,
+//!   do not hold it up. Allocators call it after an out-of-memory failure, release the cache, and try once
 //!   more, so memory waiting for its work is not mistaken for memory in use.
 //! - The host runs ahead of its queued work by a bounded amount: while [`MAX_PENDING`]
 //!   allocations, or [`MAX_PENDING_BYTES`] bytes (as allocated: a cached allocation counts its
@@ -30,13 +30,22 @@
 //! - When the reaper thread cannot be started, the drop waits and releases as an unmarked one.
 //!   Allocations still pending when the process exits are not freed (the system reclaims
 //!   them).
+//! - An allocation through the cache that finds nothing cached first [`reclaim`]s a pending
+//!   allocation of its place and size class whose work has finished since its drop, so reuse
+//!   does not wait for the reaper's next poll (which a long queue of work backs off to 1 ms:
+//!   an `apply` right after a read-back would otherwise allocate anew while its predecessor's
+//!   memory sits idle in the reaper). It asks at most [`RECLAIM_QUERIES`] trackers, and then
+//!   the cache once more: the reaper thread polls, and gives idle allocations to the cache,
+//!   under the list's lock (it frees outside it), so under that lock an idle allocation is
+//!   always in one of the two.
 
 use std::collections::BTreeSet;
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use super::allocation::TrackedAllocation;
+use super::cache::{self, Cache, Place};
 use crate::error::record_drop_error;
 use crate::monitor::Monitor;
 
@@ -50,6 +59,10 @@ pub(crate) const MAX_PENDING: usize = 1024;
 /// The most bytes waiting for their work at once (a first allocation larger than this is taken
 /// all the same, and then no other until it is freed).
 pub(crate) const MAX_PENDING_BYTES: usize = 4 << 30;
+
+/// The most trackers one [`reclaim`] queries (each query asks the allocation's events, a
+/// driver call apiece on CUDA), so that a miss stays cheap however many allocations wait.
+pub(crate) const RECLAIM_QUERIES: usize = 4;
 
 /// Caps on the allocations a reaper holds.
 #[derive(Debug, Clone, Copy)]
@@ -86,9 +99,23 @@ impl Pending {
 /// A deferred allocation and its ticket.
 type Ticketed = (u64, TrackedAllocation);
 
-/// A reaper: its queue, its caps, and what was handed over and not yet freed.
+/// The allocations waiting for their work, shared by the reaper thread (which polls them) and
+/// [`reclaim`] (which takes an idle one for reuse).
+#[derive(Debug, Default)]
+struct Waiting(Mutex<Vec<Ticketed>>);
+
+impl Waiting {
+    fn lock(&self) -> MutexGuard<'_, Vec<Ticketed>> {
+        // A poisoned lock only means a panic elsewhere; the list is always consistent.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A reaper: its waiting list, the channel that wakes its thread, its caps, and what was
+/// handed over and not yet freed.
 struct Reaper {
-    queue: Mutex<Sender<Ticketed>>,
+    waiting: Arc<Waiting>,
+    wake: Mutex<Sender<()>>,
     caps: Caps,
     pending: Arc<Monitor<Pending>>,
 }
@@ -121,17 +148,39 @@ pub(crate) fn pending() -> usize {
     global().map_or(0, |r| r.pending.lock().outstanding.len())
 }
 
+/// A cached allocation of `place` and size class `class` that is idle: one the reaper holds
+/// whose work has finished since (see the module rules), or else one `cache` holds; `None`
+/// when there is neither. The caller reuses it as the cache's own.
+pub(crate) fn reclaim(cache: &Cache, place: Place, class: usize) -> Option<TrackedAllocation> {
+    match global() {
+        Some(r) => r.reclaim(cache, place, class),
+        None => cache.take(place, class),
+    }
+}
+
 impl Reaper {
     /// Starts a reaper thread; `None` when it cannot be started.
     fn start(caps: Caps) -> Option<Reaper> {
-        let (queue, inbox) = channel::<Ticketed>();
-        let pending = Arc::new(Monitor::default());
-        let counts = Arc::clone(&pending);
+        let (reaper, wakes) = Reaper::paused(caps);
+        reaper.resume(wakes).then_some(reaper)
+    }
+
+    /// A reaper whose thread is not started yet: allocations handed to it wait (and can be
+    /// reclaimed) until [`Reaper::resume`] is called with the returned receiver.
+    fn paused(caps: Caps) -> (Reaper, Receiver<()>) {
+        let (wake, wakes) = channel::<()>();
+        let reaper =
+            Reaper { waiting: Arc::default(), wake: Mutex::new(wake), caps, pending: Arc::default() };
+        (reaper, wakes)
+    }
+
+    /// Starts the thread of a paused reaper; false when it cannot be started.
+    fn resume(&self, wakes: Receiver<()>) -> bool {
+        let (waiting, pending) = (Arc::clone(&self.waiting), Arc::clone(&self.pending));
         std::thread::Builder::new()
             .name("cuferry-reaper".into())
-            .spawn(move || serve(&inbox, &counts))
-            .ok()
-            .map(|_| Reaper { queue: Mutex::new(queue), caps, pending })
+            .spawn(move || serve(&wakes, &waiting, &pending))
+            .is_ok()
     }
 
     /// See [`defer`].
@@ -148,11 +197,43 @@ impl Reaper {
             Some(ticket)
         });
         let Some(ticket) = ticket else { return Err(alloc) };
-        let sent = self.queue.lock().unwrap_or_else(|e| e.into_inner()).send((ticket, alloc));
-        sent.map_err(|back| {
-            finished(&self.pending, &[ticket], bytes);
-            back.0 .1
-        })
+        self.waiting.lock().push((ticket, alloc));
+        if self.wake.lock().unwrap_or_else(|e| e.into_inner()).send(()).is_ok() {
+            return Ok(());
+        }
+        // The thread is gone: take the allocation back, unless a reclaim already took it.
+        let mut waiting = self.waiting.lock();
+        let Some(k) = waiting.iter().position(|(t, _)| *t == ticket) else { return Ok(()) };
+        let (_, back) = waiting.swap_remove(k);
+        drop(waiting);
+        finished(&self.pending, &[ticket], bytes);
+        Err(back)
+    }
+
+    /// See [`reclaim`].
+    fn reclaim(&self, cache: &Cache, place: Place, class: usize) -> Option<TrackedAllocation> {
+        let mut waiting = self.waiting.lock();
+        let mut queries = 0;
+        let idle = waiting.iter().position(|(_, alloc)| {
+            if queries == RECLAIM_QUERIES
+                || !alloc.is_recycled()
+                || alloc.capacity() != class
+                || alloc.place() != Some(place)
+            {
+                return false;
+            }
+            queries += 1;
+            matches!(alloc.tracker.is_idle(), Ok(true))
+        });
+        let Some(k) = idle else {
+            // The thread may have given the allocation to the cache since the caller looked.
+            return cache.take(place, class);
+        };
+        let (ticket, mut alloc) = waiting.swap_remove(k);
+        drop(waiting);
+        finished(&self.pending, &[ticket], alloc.capacity());
+        alloc.forget_uses();
+        Some(alloc)
     }
 
     /// See [`drain`].
@@ -183,53 +264,73 @@ fn finished(pending: &Monitor<Pending>, tickets: &[u64], bytes: usize) {
     });
 }
 
-/// The reaper thread: frees allocations as their trackers become idle, counting them off
-/// `pending`; returns when the queue's sender is gone and nothing waits.
-fn serve(inbox: &Receiver<Ticketed>, pending: &Monitor<Pending>) {
-    let mut waiting: Vec<Ticketed> = Vec::new();
-    let mut backoff = BACKOFF.0;
-    let mut done: Vec<u64> = Vec::new();
-    loop {
-        let mut freed_bytes = 0;
-        let mut k = 0;
-        while k < waiting.len() {
-            let idle = waiting[k].1.tracker.is_idle();
-            if matches!(idle, Ok(false)) {
-                k += 1;
-                continue;
-            }
-            let (ticket, alloc) = waiting.swap_remove(k);
-            freed_bytes += alloc.capacity();
-            done.push(ticket);
-            match idle {
-                // Unmarked: its drop finds the work finished and frees at once.
-                Ok(_) => drop(alloc),
-                // The work's fate is unknown: the memory is leaked, never freed.
-                Err(err) => {
-                    record_drop_error(err);
-                    alloc.leak_memory();
+/// One poll of the waiting list, under its lock: idle cached allocations go to the process's
+/// cache; the other idle ones, those the cache refused, evicted ones and those whose tracker
+/// failed come back to be freed or leaked outside the lock. Returns their tickets and bytes.
+fn poll(
+    waiting: &Waiting,
+    to_free: &mut Vec<TrackedAllocation>,
+    to_leak: &mut Vec<TrackedAllocation>,
+) -> (Vec<u64>, usize) {
+    let mut done = Vec::new();
+    let mut bytes = 0;
+    let mut list = waiting.lock();
+    let mut k = 0;
+    while k < list.len() {
+        let idle = list[k].1.tracker.is_idle();
+        if matches!(idle, Ok(false)) {
+            k += 1;
+            continue;
+        }
+        let (ticket, alloc) = list.swap_remove(k);
+        bytes += alloc.capacity();
+        done.push(ticket);
+        match idle {
+            Ok(_) if alloc.is_recycled() => {
+                if let Err(back) = cache::global().give_collecting(alloc, to_free) {
+                    to_free.push(back.uncached());
                 }
             }
+            // Unmarked: its drop finds the work finished and frees at once.
+            Ok(_) => to_free.push(alloc),
+            // The work's fate is unknown: the memory is leaked, never freed.
+            Err(err) => {
+                record_drop_error(err);
+                to_leak.push(alloc);
+            }
         }
+    }
+    (done, bytes)
+}
+
+/// The reaper thread: releases allocations as their trackers become idle, counting them off
+/// `pending`; returns when the wake channel's sender is gone and nothing waits.
+fn serve(wakes: &Receiver<()>, waiting: &Waiting, pending: &Monitor<Pending>) {
+    let mut backoff = BACKOFF.0;
+    let (mut to_free, mut to_leak) = (Vec::new(), Vec::new());
+    loop {
+        let (done, bytes) = poll(waiting, &mut to_free, &mut to_leak);
+        to_free.clear();
+        to_leak.drain(..).for_each(TrackedAllocation::leak_memory);
         if !done.is_empty() {
-            finished(pending, &done, freed_bytes);
-            done.clear();
+            finished(pending, &done, bytes);
             backoff = BACKOFF.0;
         }
-        let next = if waiting.is_empty() {
-            inbox.recv().map_err(|_| RecvTimeoutError::Disconnected)
+        // Checked after the poll: an allocation handed over since then also sent a wake-up.
+        let idle = waiting.lock().is_empty();
+        let next = if idle {
+            wakes.recv().map_err(|_| RecvTimeoutError::Disconnected)
         } else {
-            inbox.recv_timeout(backoff)
+            wakes.recv_timeout(backoff)
         };
         match next {
-            Ok(first) => {
-                waiting.push(first);
-                // Everything queued meanwhile, before polling again.
-                waiting.extend(inbox.try_iter());
+            Ok(()) => {
+                // One poll serves every wake-up sent meanwhile.
+                wakes.try_iter().for_each(drop);
                 backoff = BACKOFF.0;
             }
             Err(RecvTimeoutError::Timeout) => backoff = (backoff * 2).min(BACKOFF.1),
-            Err(RecvTimeoutError::Disconnected) if waiting.is_empty() => return,
+            Err(RecvTimeoutError::Disconnected) if idle => return,
             Err(RecvTimeoutError::Disconnected) => std::thread::sleep(backoff),
         }
     }
@@ -239,10 +340,11 @@ fn serve(inbox: &Receiver<Ticketed>, pending: &Monitor<Pending>) {
 mod tests {
     use std::time::Duration;
 
-    use super::{drain, pending, Capped, Caps, Reaper};
+    use super::{drain, pending, Capped, Caps, Reaper, RECLAIM_QUERIES};
     use crate::copy::copy;
     use crate::device::Device;
     use crate::memory::allocation::TrackedAllocation;
+    use crate::memory::cache::{self, size_class, Cache, Place};
     use crate::memory::tracker::{Access, UseTracker};
     use crate::memory::DeviceBuffer;
     use crate::stream::test_gate::Gate;
@@ -328,6 +430,65 @@ mod tests {
         opener.join().unwrap();
         drop(late_gate);
         reaper.drain();
+    }
+
+    /// A pending cached allocation is reclaimed by a miss of its place and size class once
+    /// its work has finished, before any poll (this reaper's thread has not started), and is
+    /// counted off; a busy one, another class or another place is not.
+    #[test]
+    fn an_idle_pending_allocation_is_reclaimed_before_any_poll() {
+        let cache = Cache::new(cache::Caps { count: 8, bytes: 1 << 20 });
+        let (reaper, wakes) = Reaper::paused(Caps { count: 100, bytes: usize::MAX });
+        let stream = Stream::new(Device::Host).unwrap();
+        let gate = Gate::hold(&stream);
+        let (alloc, _) = TrackedAllocation::cached_in(&cache, Place::Host, 10_000).unwrap();
+        UseTracker::use_on(&stream, &[(&alloc.tracker, Access::Write)], || Ok(())).unwrap();
+        let (ptr, class) = (alloc.ptr(), alloc.capacity());
+        assert!(reaper.defer(alloc, Capped::Yes).is_ok());
+        assert!(reaper.reclaim(&cache, Place::Host, class).is_none(), "reclaimed while its work was queued");
+        gate.open_after(Duration::ZERO).join().unwrap();
+        stream.synchronize().unwrap();
+        assert!(reaper.reclaim(&cache, Place::Host, size_class(class + 1)).is_none(), "another class");
+        assert!(reaper.reclaim(&cache, Place::CudaDevice(0), class).is_none(), "another place");
+        let handles = stream.handle_count();
+        let again = reaper.reclaim(&cache, Place::Host, class).expect("an idle allocation was not reclaimed");
+        assert_eq!(again.ptr(), ptr);
+        assert!(
+            reaper.pending.lock().outstanding.is_empty(),
+            "a reclaimed allocation still counts as pending"
+        );
+        assert!(stream.handle_count() < handles, "the reclaimed tracker still holds its stream");
+        drop(again.uncached());
+        assert!(reaper.resume(wakes));
+    }
+
+    /// A reclaim asks at most `RECLAIM_QUERIES` trackers, then looks in the cache (where the
+    /// reaper thread puts the allocations it finds idle).
+    #[test]
+    fn a_reclaim_queries_a_few_trackers_then_the_cache() {
+        let cache = Cache::new(cache::Caps { count: 8, bytes: 1 << 20 });
+        let (reaper, wakes) = Reaper::paused(Caps { count: 100, bytes: usize::MAX });
+        let stream = Stream::new(Device::Host).unwrap();
+        let gate = Gate::hold(&stream);
+        for _ in 0..RECLAIM_QUERIES {
+            let (busy, _) = TrackedAllocation::cached_in(&cache, Place::Host, 64).unwrap();
+            UseTracker::use_on(&stream, &[(&busy.tracker, Access::Write)], || Ok(())).unwrap();
+            assert!(reaper.defer(busy, Capped::Yes).is_ok());
+        }
+        let (idle, _) = TrackedAllocation::cached_in(&cache, Place::Host, 64).unwrap();
+        let class = idle.capacity();
+        assert!(reaper.defer(idle, Capped::Yes).is_ok());
+        assert!(reaper.reclaim(&cache, Place::Host, class).is_none(), "more trackers were queried");
+        let (cached, _) = TrackedAllocation::cached_in(&cache, Place::Host, 64).unwrap();
+        let ptr = cached.ptr();
+        assert!(cache.give(cached).is_ok());
+        let from_cache = reaper.reclaim(&cache, Place::Host, class).expect("the cache was not asked");
+        assert_eq!(from_cache.ptr(), ptr);
+        drop(from_cache.uncached());
+        gate.open_after(Duration::ZERO).join().unwrap();
+        assert!(reaper.resume(wakes));
+        reaper.drain();
+        assert!(reaper.waiting.lock().is_empty());
     }
 
     /// An allocation whose tracker cannot be queried is leaked, but its tracker's streams are
