@@ -191,14 +191,17 @@ impl TrackedAllocation {
     /// process's cache when dropped).
     pub(crate) fn cached_in(cache: &Cache, place: Place, bytes: usize) -> Result<(Self, bool)> {
         if let Some(alloc) = cache.take(place, bytes) {
+            cache.count(true, false);
             return Ok((alloc, true));
         }
         // An allocation the cache could never keep is made exactly as large as asked.
         let class = cache::size_class(bytes);
         let cacheable = cache.admits(class);
         // Memory whose work finished after its drop may still wait for the reaper's poll.
-        if let Some(mut alloc) = cacheable.then(|| reaper::reclaim(cache, place, class)).flatten() {
+        if let Some((mut alloc, pending)) = cacheable.then(|| reaper::reclaim(cache, place, class)).flatten()
+        {
             alloc.reuse_for(bytes);
+            cache.count(true, pending);
             return Ok((alloc, true));
         }
         let capacity = if cacheable { class } else { bytes };
@@ -212,6 +215,7 @@ impl TrackedAllocation {
         alloc.bytes = bytes;
         alloc.deferred = true;
         alloc.recycle = cacheable;
+        cache.count(false, false);
         Ok((alloc, false))
     }
 

@@ -37,6 +37,7 @@
 //!   cache on request. Allocations are freed outside the cache's lock.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use super::allocation::TrackedAllocation;
@@ -119,6 +120,31 @@ pub(crate) struct Caps {
 pub(crate) struct Cache {
     shelves: Mutex<Shelves>,
     caps: Caps,
+    counts: Counts,
+}
+
+/// What a cache's allocations were served by (see [`CacheStats`]).
+#[derive(Debug, Default)]
+struct Counts {
+    reused: AtomicU64,
+    reclaimed: AtomicU64,
+    allocated: AtomicU64,
+}
+
+/// How the allocations made through the process's allocation cache (linop's arrays, their
+/// transfer results and staging) were served, counted since the process started. A reused
+/// allocation skipped a `cudaMalloc` or `cudaHostAlloc` (on the host backend, an allocation)
+/// and its later free.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Allocations served by memory the cache held, or by memory whose work had finished
+    /// while it waited to be released (counted in `reclaimed` too).
+    pub reused: u64,
+    /// Of `reused`, those taken from memory still waiting to be released after its work had
+    /// finished (dropped while work was queued on it).
+    pub reclaimed: u64,
+    /// Allocations made fresh: nothing of their place and size class was idle.
+    pub allocated: u64,
 }
 
 /// The process's cache.
@@ -131,7 +157,7 @@ pub(crate) fn global() -> &'static Cache {
 impl Cache {
     /// An empty cache holding at most `caps` per place.
     pub(crate) fn new(caps: Caps) -> Cache {
-        Cache { shelves: Mutex::default(), caps }
+        Cache { shelves: Mutex::default(), caps, counts: Counts::default() }
     }
 
     fn lock(&self) -> MutexGuard<'_, Shelves> {
@@ -231,6 +257,25 @@ impl Cache {
         class > 0 && class <= self.caps.bytes && self.caps.count > 0
     }
 
+    /// Counts an allocation this cache served: `reused` (and of those, `reclaimed` from the
+    /// reaper's pending frees) or made fresh.
+    pub(crate) fn count(&self, reused: bool, reclaimed: bool) {
+        let counter = if reused { &self.counts.reused } else { &self.counts.allocated };
+        counter.fetch_add(1, Ordering::Relaxed);
+        if reclaimed {
+            self.counts.reclaimed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// What this cache's allocations were served by.
+    pub(crate) fn stats(&self) -> CacheStats {
+        CacheStats {
+            reused: self.counts.reused.load(Ordering::Relaxed),
+            reclaimed: self.counts.reclaimed.load(Ordering::Relaxed),
+            allocated: self.counts.allocated.load(Ordering::Relaxed),
+        }
+    }
+
     /// Bytes cached, over every place.
     pub(crate) fn held_bytes(&self) -> usize {
         self.held_bytes_where(|_| true)
@@ -269,6 +314,30 @@ pub fn release_cached_memory() -> usize {
 /// Bytes the process's allocation cache holds (see [`release_cached_memory`]).
 pub fn cached_memory_bytes() -> usize {
     global().held_bytes()
+}
+
+/// How the process's allocation cache has served its allocations so far (see [`CacheStats`]):
+/// in a loop of `apply`, `allocated` should stop growing after the first calls.
+///
+/// # Examples
+///
+/// ```
+/// use cuferry::linop::Array;
+/// use cuferry::memory::cache_stats;
+/// use cuferry::{Device, DeviceSpec};
+///
+/// let spec = DeviceSpec::new(Device::Host)?;
+/// let before = cache_stats();
+/// for _ in 0..3 {
+///     let x = Array::<f64>::zeros(&spec, &[1000])?;
+///     x.synchronize()?;
+/// }
+/// let after = cache_stats();
+/// assert_eq!((after.reused + after.allocated) - (before.reused + before.allocated), 3);
+/// # Ok::<(), cuferry::Error>(())
+/// ```
+pub fn cache_stats() -> CacheStats {
+    global().stats()
 }
 
 #[cfg(test)]
@@ -324,6 +393,8 @@ pub(crate) mod tests {
         drop_into(&cache, again);
         assert_eq!(cache.release(), size_class(10_000));
         assert_eq!(cache.held_bytes(), 0);
+        let stats = cache.stats();
+        assert_eq!((stats.reused, stats.reclaimed, stats.allocated), (1, 0, 1), "{stats:?}");
     }
 
     /// Gives `alloc` to `cache` (it must take it).

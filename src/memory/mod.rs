@@ -51,7 +51,9 @@ pub(crate) mod tracker;
 
 use crate::device::Device;
 use crate::error::{Error, Result};
-pub use cache::{cached_memory_bytes, release_cached_memory, MAX_CACHED, MAX_CACHED_BYTES};
+pub use cache::{
+    cache_stats, cached_memory_bytes, release_cached_memory, CacheStats, MAX_CACHED, MAX_CACHED_BYTES,
+};
 pub use device::DeviceBuffer;
 pub use pinned::{PinnedBuffer, PinnedOptions};
 pub use registered::HostRegistration;

@@ -149,12 +149,12 @@ pub(crate) fn pending() -> usize {
 }
 
 /// A cached allocation of `place` and size class `class` that is idle: one the reaper holds
-/// whose work has finished since (see the module rules), or else one `cache` holds; `None`
-/// when there is neither. The caller reuses it as the cache's own.
-pub(crate) fn reclaim(cache: &Cache, place: Place, class: usize) -> Option<TrackedAllocation> {
+/// whose work has finished since (see the module rules; then the flag is true), or else one
+/// `cache` holds; `None` when there is neither. The caller reuses it as the cache's own.
+pub(crate) fn reclaim(cache: &Cache, place: Place, class: usize) -> Option<(TrackedAllocation, bool)> {
     match global() {
         Some(r) => r.reclaim(cache, place, class),
-        None => cache.take(place, class),
+        None => cache.take(place, class).map(|alloc| (alloc, false)),
     }
 }
 
@@ -211,7 +211,7 @@ impl Reaper {
     }
 
     /// See [`reclaim`].
-    fn reclaim(&self, cache: &Cache, place: Place, class: usize) -> Option<TrackedAllocation> {
+    fn reclaim(&self, cache: &Cache, place: Place, class: usize) -> Option<(TrackedAllocation, bool)> {
         let mut waiting = self.waiting.lock();
         let mut queries = 0;
         let idle = waiting.iter().position(|(_, alloc)| {
@@ -227,13 +227,13 @@ impl Reaper {
         });
         let Some(k) = idle else {
             // The thread may have given the allocation to the cache since the caller looked.
-            return cache.take(place, class);
+            return cache.take(place, class).map(|alloc| (alloc, false));
         };
         let (ticket, mut alloc) = waiting.swap_remove(k);
         drop(waiting);
         finished(&self.pending, &[ticket], alloc.capacity());
         alloc.forget_uses();
-        Some(alloc)
+        Some((alloc, true))
     }
 
     /// See [`drain`].
@@ -451,8 +451,9 @@ mod tests {
         assert!(reaper.reclaim(&cache, Place::Host, size_class(class + 1)).is_none(), "another class");
         assert!(reaper.reclaim(&cache, Place::CudaDevice(0), class).is_none(), "another place");
         let handles = stream.handle_count();
-        let again = reaper.reclaim(&cache, Place::Host, class).expect("an idle allocation was not reclaimed");
-        assert_eq!(again.ptr(), ptr);
+        let (again, pending) =
+            reaper.reclaim(&cache, Place::Host, class).expect("an idle allocation was not reclaimed");
+        assert_eq!((again.ptr(), pending), (ptr, true));
         assert!(
             reaper.pending.lock().outstanding.is_empty(),
             "a reclaimed allocation still counts as pending"
@@ -482,8 +483,9 @@ mod tests {
         let (cached, _) = TrackedAllocation::cached_in(&cache, Place::Host, 64).unwrap();
         let ptr = cached.ptr();
         assert!(cache.give(cached).is_ok());
-        let from_cache = reaper.reclaim(&cache, Place::Host, class).expect("the cache was not asked");
-        assert_eq!(from_cache.ptr(), ptr);
+        let (from_cache, pending) =
+            reaper.reclaim(&cache, Place::Host, class).expect("the cache was not asked");
+        assert_eq!((from_cache.ptr(), pending), (ptr, false));
         drop(from_cache.uncached());
         gate.open_after(Duration::ZERO).join().unwrap();
         assert!(reaper.resume(wakes));

@@ -5,12 +5,15 @@
 //!   "devices"): ToDevice in, Dense, ToDevice out per tile, pipelined by events;
 //! - and, for the same tiles, the serial sum of the parts (each tile's transfer in, compute
 //!   and transfer out timed one after another): on a GPU, pipelined / serial shows how much
-//!   transfer overlaps compute.
+//!   transfer overlaps compute. The row also counts, per apply after a first untimed one, the
+//!   allocations made fresh and those served by the allocation cache.
 //!
 //! - the allocation of a 1 MiB array on the device and its drop, `ARRAY_CYCLES` in a row then
 //!   one wait: through the allocation cache (`Array::zeros`, what every apply's outputs and
 //!   transfer staging use) against a fresh `DeviceBuffer::zeroed` freed at its drop (on CUDA,
-//!   `cudaMalloc` + memset + `cudaFree`).
+//!   `cudaMalloc` + memset + `cudaFree`). The row says how many of the cached cycles reused
+//!   memory, and how many of those reclaimed memory still waiting in the reaper after its
+//!   memset (`memory::cache_stats`).
 //!
 //! Figures are times per apply (median of repeats, waits included), reported as GB/s of input,
 //! and microseconds per allocation cycle.
@@ -21,6 +24,7 @@ use std::time::Instant;
 use cuferry::linop::{
     create_batched_linop, Array, BatchSpec, Dense, DeviceMatrix, Dims, Linop, LinopRef, ToDevice,
 };
+use cuferry::memory::cache_stats;
 use cuferry::{Device, DeviceBuffer, DeviceSpec, Result};
 
 use super::measure::{gbps, median_secs};
@@ -67,7 +71,17 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
     let matrix = DeviceMatrix::from_devices(&[devices.len()], &devices)?;
     let spec = BatchSpec::new(&[("b", B / TILES)]).devices(matrix).base(base.clone());
     let batched = create_batched_linop(Arc::clone(&op), &[spec])?;
-    let pipelined = median_secs(repeats, || batched.apply(&x)?.synchronize())?;
+    // The first apply allocates its temporaries; later ones should reuse them.
+    batched.apply(&x)?.synchronize()?;
+    let (before, mut applies) = (cache_stats(), 0u64);
+    let pipelined = median_secs(repeats, || {
+        applies += 1;
+        batched.apply(&x)?.synchronize()
+    })?;
+    let after = cache_stats();
+    let per_apply = |count: u64| count as f64 / applies.max(1) as f64;
+    let (fresh_per_apply, reused_per_apply) =
+        (per_apply(after.allocated - before.allocated), per_apply(after.reused - before.reused));
 
     // The same tile's parts, one after another.
     let rows = B / TILES;
@@ -95,7 +109,7 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
         v[v.len() / 2]
     };
     let serial = TILES as f64 * (median(&mut t_in) + median(&mut t_compute) + median(&mut t_out));
-    let (cached_us, fresh_us) = array_cycles_us(&target, repeats)?;
+    let (cached_us, fresh_us, served) = array_cycles_us(&target, repeats)?;
     let place = if device.is_host() { "2 host devices".to_string() } else { device.to_string() };
     Ok(vec![
         Row {
@@ -113,10 +127,12 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
             case: format!("batched, {TILES} tiles of 1 MiB on {place}, pipelined"),
             bytes,
             params: format!(
-                "{:.2} ms; serial parts {:.2} ms; overlap {:.2}x",
+                "{:.2} ms; serial parts {:.2} ms; overlap {:.2}x; per apply {:.1} fresh, {:.1} reused allocations",
                 pipelined * 1e3,
                 serial * 1e3,
-                serial / pipelined
+                serial / pipelined,
+                fresh_per_apply,
+                reused_per_apply,
             ),
             value: gbps(bytes, pipelined),
             unit: "GB/s",
@@ -127,7 +143,11 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
             section: "linop",
             case: format!("alloc+zero+free of a 1 MiB array on {device}, allocation cache"),
             bytes: 1 << 20,
-            params: format!("{ARRAY_CYCLES} in a row, then one wait; fresh buffer {fresh_us:.2} us"),
+            params: format!(
+                "{ARRAY_CYCLES} in a row, then one wait; reused {:.0}% (reclaimed {:.0}%); fresh buffer {fresh_us:.2} us",
+                served.percent(served.reused),
+                served.percent(served.reclaimed),
+            ),
             value: cached_us,
             unit: "us",
             ceiling: None,
@@ -136,24 +156,45 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
     ])
 }
 
+/// How the cached cycles' allocations were served, over every repeat.
+struct Served {
+    reused: u64,
+    reclaimed: u64,
+    total: u64,
+}
+
+impl Served {
+    /// `count` as a percentage of the allocations.
+    fn percent(&self, count: u64) -> f64 {
+        100.0 * count as f64 / self.total.max(1) as f64
+    }
+}
+
 /// Microseconds per allocation cycle of a 1 MiB f64 array on `spec`: through the allocation
 /// cache (`Array::zeros`, dropped at once) and as a fresh `DeviceBuffer::zeroed` (dropped at
-/// once, which waits for its memset and frees). Each repeat runs [`ARRAY_CYCLES`] cycles and
-/// then waits for the spec's compute stream.
-fn array_cycles_us(spec: &DeviceSpec, repeats: usize) -> Result<(f64, f64)> {
+/// once, which waits for its memset and frees); and how the cache served the first. Each
+/// repeat runs [`ARRAY_CYCLES`] cycles and then waits for the spec's compute stream.
+fn array_cycles_us(spec: &DeviceSpec, repeats: usize) -> Result<(f64, f64, Served)> {
     let len = (1 << 20) / 8;
     let per_cycle = |secs: f64| secs * 1e6 / ARRAY_CYCLES as f64;
+    let before = cache_stats();
     let cached = median_secs(repeats, || {
         for _ in 0..ARRAY_CYCLES {
             drop(Array::<f64>::zeros(spec, &[len])?);
         }
         spec.compute_stream.synchronize()
     })?;
+    let after = cache_stats();
+    let served = Served {
+        reused: after.reused - before.reused,
+        reclaimed: after.reclaimed - before.reclaimed,
+        total: (after.reused + after.allocated) - (before.reused + before.allocated),
+    };
     let fresh = median_secs(repeats, || {
         for _ in 0..ARRAY_CYCLES {
             drop(DeviceBuffer::<f64>::zeroed(&spec.compute_stream, len)?);
         }
         spec.compute_stream.synchronize()
     })?;
-    Ok((per_cycle(cached), per_cycle(fresh)))
+    Ok((per_cycle(cached), per_cycle(fresh), served))
 }
