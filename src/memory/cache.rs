@@ -509,6 +509,68 @@ pub(crate) mod tests {
         }
     }
 
+    /// Threads that fill cached buffers, copy them on a second stream into buffers dropped
+    /// with the copy still queued (so that the reaper holds them and misses reclaim them; in
+    /// every fourth round the copy waits behind a gate until the next buffer is allocated and
+    /// filled), and read everything back, while another thread keeps releasing the cache,
+    /// never get the same memory at once: each reads back exactly what it wrote.
+    #[test]
+    fn concurrent_reuse_never_hands_memory_to_two_owners() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let _serial = global_cache_lock();
+        const LEN: usize = 3000; // one size class for every thread
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    global().release();
+                    std::thread::sleep(std::time::Duration::from_micros(300));
+                }
+            });
+            let workers: Vec<_> = (0..4u32)
+                .map(|t| {
+                    scope.spawn(move || {
+                        let (stream, other) =
+                            (Stream::new(Device::Host).unwrap(), Stream::new(Device::Host).unwrap());
+                        let pattern = |i: u32| -> Vec<u32> {
+                            (0..LEN as u32).map(|k| (t << 28) ^ (i << 12) ^ k).collect()
+                        };
+                        for i in 0..300u32 {
+                            let data = pattern(2 * i);
+                            let buf = DeviceBuffer::from_slice_cached(&stream, &data).unwrap();
+                            let gate = (i % 4 == 0).then(|| Gate::hold(&other));
+                            let mut tmp = DeviceBuffer::<u32>::zeroed_cached(&other, LEN).unwrap();
+                            copy(&other, &buf, &mut tmp).unwrap();
+                            if i % 3 == 1 && gate.is_none() {
+                                assert_eq!(tmp.to_vec(&other).unwrap(), data, "thread {t} round {i}: copy");
+                            }
+                            drop(tmp); // often with its copy still queued
+                            let next_data = pattern(2 * i + 1);
+                            let next = DeviceBuffer::from_slice_cached(&stream, &next_data).unwrap();
+                            if let Some(gate) = gate {
+                                gate.open_after(std::time::Duration::ZERO).join().unwrap();
+                                other.synchronize().unwrap();
+                            }
+                            assert_eq!(buf.to_vec(&stream).unwrap(), data, "thread {t} round {i}: source");
+                            assert_eq!(
+                                next.to_vec(&stream).unwrap(),
+                                next_data,
+                                "thread {t} round {i}: next"
+                            );
+                        }
+                    })
+                })
+                .collect();
+            let results: Vec<_> = workers.into_iter().map(|w| w.join()).collect();
+            stop.store(true, Ordering::Relaxed);
+            for r in results {
+                if let Err(panic) = r {
+                    std::panic::resume_unwind(panic);
+                }
+            }
+        });
+    }
+
     /// Staging buffers come from the cache too; an allocation failing for lack of memory
     /// releases the cache before its second try; an allocation the cache could never keep is
     /// made exactly as large as asked.
