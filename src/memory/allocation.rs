@@ -21,7 +21,7 @@ use std::alloc::{self, Layout};
 use std::os::raw::c_void;
 use std::ptr::NonNull;
 
-use super::cache::{self, Cache, Place};
+use super::cache::{self, Cache, Place, ServedBy};
 use crate::cuda::memory as raw;
 use crate::error::{record_drop_error, Error, Result};
 use crate::memory::reaper::{self, Capped};
@@ -191,7 +191,7 @@ impl TrackedAllocation {
     /// process's cache when dropped).
     pub(crate) fn cached_in(cache: &Cache, place: Place, bytes: usize) -> Result<(Self, bool)> {
         if let Some(alloc) = cache.take(place, bytes) {
-            cache.count(true, false);
+            cache.count(ServedBy::Cache);
             return Ok((alloc, true));
         }
         // An allocation the cache could never keep is made exactly as large as asked.
@@ -201,7 +201,7 @@ impl TrackedAllocation {
         if let Some((mut alloc, pending)) = cacheable.then(|| reaper::reclaim(cache, place, class)).flatten()
         {
             alloc.reuse_for(bytes);
-            cache.count(true, pending);
+            cache.count(if pending { ServedBy::PendingFree } else { ServedBy::Cache });
             return Ok((alloc, true));
         }
         let capacity = if cacheable { class } else { bytes };
@@ -215,7 +215,7 @@ impl TrackedAllocation {
         alloc.bytes = bytes;
         alloc.deferred = true;
         alloc.recycle = cacheable;
-        cache.count(false, false);
+        cache.count(ServedBy::Fresh);
         Ok((alloc, false))
     }
 

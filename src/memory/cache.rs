@@ -131,6 +131,17 @@ struct Counts {
     allocated: AtomicU64,
 }
 
+/// What served one allocation made through a cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ServedBy {
+    /// Memory the cache held.
+    Cache,
+    /// Memory reclaimed from the reaper's pending frees, its work finished.
+    PendingFree,
+    /// A fresh allocation.
+    Fresh,
+}
+
 /// How the allocations made through the process's allocation cache (linop's arrays, their
 /// transfer results and staging) were served, counted since the process started. A reused
 /// allocation skipped a `cudaMalloc` or `cudaHostAlloc` (on the host backend, an allocation)
@@ -257,12 +268,14 @@ impl Cache {
         class > 0 && class <= self.caps.bytes && self.caps.count > 0
     }
 
-    /// Counts an allocation this cache served: `reused` (and of those, `reclaimed` from the
-    /// reaper's pending frees) or made fresh.
-    pub(crate) fn count(&self, reused: bool, reclaimed: bool) {
-        let counter = if reused { &self.counts.reused } else { &self.counts.allocated };
+    /// Counts an allocation this cache served, by what served it.
+    pub(crate) fn count(&self, served: ServedBy) {
+        let counter = match served {
+            ServedBy::Cache | ServedBy::PendingFree => &self.counts.reused,
+            ServedBy::Fresh => &self.counts.allocated,
+        };
         counter.fetch_add(1, Ordering::Relaxed);
-        if reclaimed {
+        if served == ServedBy::PendingFree {
             self.counts.reclaimed.fetch_add(1, Ordering::Relaxed);
         }
     }

@@ -18,8 +18,8 @@
 //!   as a waiting drop does; the tracker's streams and events are released.
 //! - [`drain`] blocks until every allocation handed over before the call has been released,
 //!   reclaimed or leaked (each carries a ticket); ones handed over later, by other threads,
-//!   do not hold it up. Allocators call it after an out-of-memory failure, release the cache, and try once
-//!   more, so memory waiting for its work is not mistaken for memory in use.
+//!   do not hold it up. Allocators call it after an out-of-memory failure, release the cache,
+//!   and try once more, so memory waiting for its work is not mistaken for memory in use.
 //! - The host runs ahead of its queued work by a bounded amount: while [`MAX_PENDING`]
 //!   allocations, or [`MAX_PENDING_BYTES`] bytes (as allocated: a cached allocation counts its
 //!   size class), wait for their work, a marked drop that would exceed either waits for its
