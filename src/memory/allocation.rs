@@ -114,20 +114,22 @@ impl DrawsOn {
     }
 }
 
-/// Runs `alloc`; when it fails for lack of memory while deferred frees are pending or memory
-/// it `draws_on` is cached, waits for the frees, releases that part of the cache (another
-/// device's stays), and runs it once more. Every allocation cuferry makes on a device or in
-/// pinned memory goes through here (buffers and managed pools).
+/// Runs `alloc`; when it fails for lack of memory while frees of memory it `draws_on` are
+/// deferred or such memory is cached, waits for those frees (not for another device's),
+/// releases that part of the cache (another device's stays), and runs it once more. Every
+/// allocation cuferry makes on a device or in pinned memory goes through here (buffers and
+/// managed pools).
 pub(crate) fn retry_after_deferred_frees<R>(
     draws_on: DrawsOn,
     mut alloc: impl FnMut() -> Result<R>,
 ) -> Result<R> {
-    let cached = || cache::global().held_bytes_where(|p| draws_on.covers(p));
+    let covers = |p| draws_on.covers(p);
+    let cached = || cache::global().held_bytes_where(covers);
     match alloc() {
-        Err(err) if is_out_of_memory(&err) && (super::reaper::pending() > 0 || cached() > 0) => {
+        Err(err) if is_out_of_memory(&err) && (super::reaper::pending_where(covers) > 0 || cached() > 0) => {
             // The reaper's frees first: those of cached allocations end in the cache.
-            super::reaper::drain();
-            cache::global().release_where(|p| draws_on.covers(p));
+            super::reaper::drain_where(covers);
+            cache::global().release_where(covers);
             alloc()
         }
         other => other,

@@ -16,10 +16,13 @@
 //! - When a tracker cannot be queried (the queued work's fate is unknown) the memory is
 //!   leaked (never cached) and the error kept for [`take_drop_error`](crate::take_drop_error),
 //!   as a waiting drop does; the tracker's streams and events are released.
-//! - [`drain`] blocks until every allocation handed over before the call has been released,
-//!   reclaimed or leaked (each carries a ticket); ones handed over later, by other threads,
-//!   do not hold it up. Allocators call it after an out-of-memory failure, release the cache,
-//!   and try once more, so memory waiting for its work is not mistaken for memory in use.
+//! - [`drain_where`] blocks until every allocation of the places it names handed over before
+//!   the call has been released, reclaimed or leaked (each carries a ticket and its place);
+//!   ones handed over later, by other threads, and ones of other places do not hold it up.
+//!   Allocators call it after an out-of-memory failure with the places whose memory they
+//!   draw on, release that part of the cache, and try once more, so memory waiting for its
+//!   work is not mistaken for memory in use (and a device's failure does not wait for another
+//!   device's queued work).
 //! - The host runs ahead of its queued work by a bounded amount: while [`MAX_PENDING`]
 //!   allocations, or [`MAX_PENDING_BYTES`] bytes (as allocated: a cached allocation counts its
 //!   size class), wait for their work, a marked drop that would exceed either waits for its
@@ -39,7 +42,7 @@
 //!   under the list's lock (it frees outside it), so under that lock an idle allocation is
 //!   always in one of the two.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
@@ -80,10 +83,11 @@ pub(crate) enum Capped {
     No,
 }
 
-/// Allocations handed to a reaper and not yet freed: their tickets and bytes.
+/// Allocations handed to a reaper and not yet freed: their tickets (with their places; `None`,
+/// an empty allocation, counts as of every place) and bytes.
 #[derive(Debug, Default)]
 struct Pending {
-    outstanding: BTreeSet<u64>,
+    outstanding: BTreeMap<u64, Option<Place>>,
     bytes: usize,
     next_ticket: u64,
 }
@@ -137,15 +141,23 @@ pub(crate) fn defer(alloc: TrackedAllocation, capped: Capped) -> Result<(), Trac
 
 /// Blocks until every allocation handed to the reaper before the call has been freed (or
 /// leaked).
+#[cfg(test)]
 pub(crate) fn drain() {
+    drain_where(|_| true);
+}
+
+/// Blocks until every allocation of a place `covers` accepts, handed to the reaper before the
+/// call, has been released, reclaimed or leaked.
+pub(crate) fn drain_where(covers: impl Fn(Place) -> bool) {
     if let Some(r) = global() {
-        r.drain();
+        r.drain_where(covers);
     }
 }
 
-/// The number of allocations waiting for their work before being freed.
-pub(crate) fn pending() -> usize {
-    global().map_or(0, |r| r.pending.lock().outstanding.len())
+/// The number of allocations of places `covers` accepts waiting for their work before being
+/// released.
+pub(crate) fn pending_where(covers: impl Fn(Place) -> bool) -> usize {
+    global().map_or(0, |r| r.pending.lock().outstanding.values().filter(|p| p.is_none_or(&covers)).count())
 }
 
 /// A cached allocation of `place` and size class `class` that is idle: one the reaper holds
@@ -185,14 +197,14 @@ impl Reaper {
 
     /// See [`defer`].
     fn defer(&self, alloc: TrackedAllocation, capped: Capped) -> Result<(), TrackedAllocation> {
-        let bytes = alloc.capacity();
+        let (bytes, place) = (alloc.capacity(), alloc.place());
         let ticket = self.pending.update(|p| {
             if capped == Capped::Yes && !p.admits(bytes, self.caps) {
                 return None;
             }
             let ticket = p.next_ticket;
             p.next_ticket += 1;
-            p.outstanding.insert(ticket);
+            p.outstanding.insert(ticket, place);
             p.bytes += bytes;
             Some(ticket)
         });
@@ -236,9 +248,15 @@ impl Reaper {
         Some((alloc, true))
     }
 
-    /// See [`drain`].
+    /// Blocks until every allocation handed over before the call has been released.
+    #[cfg(test)]
     fn drain(&self) {
-        self.wait_for_tickets_before(self.next_ticket());
+        self.drain_where(|_| true);
+    }
+
+    /// See [`drain_where`].
+    fn drain_where(&self, covers: impl Fn(Place) -> bool) {
+        self.wait_for_tickets_before(self.next_ticket(), covers);
     }
 
     /// The ticket the next allocation handed over will get.
@@ -246,10 +264,12 @@ impl Reaper {
         self.pending.lock().next_ticket
     }
 
-    /// Blocks until every allocation whose ticket is below `end` has been freed or leaked.
-    fn wait_for_tickets_before(&self, end: u64) {
-        let waited =
-            self.pending.wait_while(self.pending.lock(), |p| p.outstanding.first().is_some_and(|&t| t < end));
+    /// Blocks until every allocation of a place `covers` accepts whose ticket is below `end`
+    /// has been released, reclaimed or leaked.
+    fn wait_for_tickets_before(&self, end: u64, covers: impl Fn(Place) -> bool) {
+        let waited = self.pending.wait_while(self.pending.lock(), |p| {
+            p.outstanding.range(..end).any(|(_, place)| place.is_none_or(&covers))
+        });
         drop(waited);
     }
 }
@@ -340,7 +360,7 @@ fn serve(wakes: &Receiver<()>, waiting: &Waiting, pending: &Monitor<Pending>) {
 mod tests {
     use std::time::Duration;
 
-    use super::{drain, pending, Capped, Caps, Reaper, RECLAIM_QUERIES};
+    use super::{drain, pending_where, Capped, Caps, Reaper, RECLAIM_QUERIES};
     use crate::copy::copy;
     use crate::device::Device;
     use crate::memory::allocation::TrackedAllocation;
@@ -363,7 +383,7 @@ mod tests {
         copy(&stream, &src, &mut dst).unwrap();
         drop(src);
         assert!(!gate.passed(), "the drop waited for the gated copy");
-        assert!(pending() >= 1, "the buffer was freed while its copy was queued");
+        assert!(pending_where(|_| true) >= 1, "the buffer was freed while its copy was queued");
         let opener = gate.open_after(Duration::from_millis(20));
         drain();
         assert!(gate.passed(), "drain returned before the copy's work ran");
@@ -424,12 +444,47 @@ mod tests {
         // Handed over after the drain began.
         assert!(reaper.defer(gated_allocation(&late, 64), Capped::Yes).is_ok());
         let opener = early_gate.open_after(Duration::from_millis(20));
-        reaper.wait_for_tickets_before(end);
+        reaper.wait_for_tickets_before(end, |_| true);
         assert!(early_gate.passed(), "drain returned before the earlier allocation's work");
         assert!(!late_gate.passed(), "drain waited for an allocation handed over after it began");
         opener.join().unwrap();
         drop(late_gate);
         reaper.drain();
+    }
+
+    /// `drain_where` waits only for the places it names: a pending allocation of another place
+    /// does not hold it up although nothing will release it (the reaper's thread has not
+    /// started); one of a named place does, until its work has run and the reaper released it.
+    #[test]
+    fn drain_where_waits_only_for_the_places_it_names() {
+        let (reaper, wakes) = Reaper::paused(Caps { count: 100, bytes: usize::MAX });
+        let reaper = std::sync::Arc::new(reaper);
+        let stream = Stream::new(Device::Host).unwrap();
+        let gate = Gate::hold(&stream);
+        assert!(reaper.defer(gated_allocation(&stream, 64), Capped::Yes).is_ok());
+        let drain_in_thread = |place: Place| {
+            let (reaper, (done, finished)) = (std::sync::Arc::clone(&reaper), std::sync::mpsc::channel());
+            // Detached: a drain that never returns fails the test instead of hanging it.
+            std::thread::spawn(move || {
+                reaper.drain_where(|p| p == place);
+                let _ = done.send(());
+            });
+            finished
+        };
+        let other = drain_in_thread(Place::CudaDevice(0));
+        assert!(
+            other.recv_timeout(Duration::from_secs(5)).is_ok(),
+            "a drain of another place waited for a pending host allocation"
+        );
+        let host = drain_in_thread(Place::Host);
+        assert!(
+            host.recv_timeout(Duration::from_millis(50)).is_err(),
+            "a drain of the host returned while a host allocation was pending"
+        );
+        gate.open_after(Duration::ZERO).join().unwrap();
+        assert!(reaper.resume(wakes));
+        assert!(host.recv_timeout(Duration::from_secs(5)).is_ok(), "the drain did not return after the free");
+        assert!(reaper.pending.lock().outstanding.is_empty());
     }
 
     /// A pending cached allocation is reclaimed by a miss of its place and size class once
