@@ -157,7 +157,7 @@ pub(crate) fn drain_where(covers: impl Fn(Place) -> bool) {
 /// The number of allocations of places `covers` accepts waiting for their work before being
 /// released.
 pub(crate) fn pending_where(covers: impl Fn(Place) -> bool) -> usize {
-    global().map_or(0, |r| r.pending.lock().outstanding.values().filter(|p| p.is_none_or(&covers)).count())
+    global().map_or(0, |r| r.pending.lock().outstanding.values().filter(|p| p.map_or(true, &covers)).count())
 }
 
 /// A cached allocation of `place` and size class `class` that is idle: one the reaper holds
@@ -268,7 +268,7 @@ impl Reaper {
     /// has been released, reclaimed or leaked.
     fn wait_for_tickets_before(&self, end: u64, covers: impl Fn(Place) -> bool) {
         let waited = self.pending.wait_while(self.pending.lock(), |p| {
-            p.outstanding.range(..end).any(|(_, place)| place.is_none_or(&covers))
+            p.outstanding.range(..end).any(|(_, place)| place.map_or(true, &covers))
         });
         drop(waited);
     }
