@@ -39,6 +39,9 @@ typedef int32_t cuferry_status;
 #define CUFERRY_STATUS_NULL_ARGUMENT (-2)
 /** An enum argument (copy kind, ...) was out of range. */
 #define CUFERRY_STATUS_BAD_ENUM (-3)
+/** cuferry_cuda_halo_emulate found two threads of a block using the same shared-memory stage
+ *  bytes between two barriers: on a GPU they could run at once (a data race). */
+#define CUFERRY_STATUS_STAGE_RACE (-4)
 
 /** CUDA's cudaErrorNotReady: a query found work still pending. */
 #define CUFERRY_CUDA_NOT_READY 600
@@ -426,8 +429,10 @@ cuferry_status cuferry_cuda_halo_launch_inline(int32_t device, const cuferry_hal
  *  as the launch, over host memory (table, arrays and `packed` are host addresses), with
  *  `in_flight` (1, 2, 4 or 8) loads per thread in flight on the register path (units of 1
  *  and 2 bytes; the launch uses 4). For tests of the kernel's index
- *  arithmetic on machines without a GPU; not a fast path. Other arguments as for
- *  cuferry_cuda_halo_launch. */
+ *  arithmetic on machines without a GPU; not a fast path. It also checks the kernel's
+ *  shared-memory rule: CUFERRY_STATUS_STAGE_RACE (after the whole run) when two threads of a
+ *  block touched the same stage bytes between two of the block's barriers. Other arguments
+ *  as for cuferry_cuda_halo_launch. */
 cuferry_status cuferry_cuda_halo_emulate(const cuferry_halo_desc *table, int32_t n_desc,
                                          int64_t total_units, void *packed, int32_t direction,
                                          int32_t in_flight, int32_t max_blocks);

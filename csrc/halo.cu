@@ -18,6 +18,10 @@
 //    DRAM at 25-47% of peak, long-scoreboard stalls dominant, the same time for 1 to 8 loads
 //    in flight per thread because registers capped the warps). Units of 1 and 2 bytes take
 //    the register path (kRegisterInFlight loads before their stores).
+//  - Which stage bytes a thread owns depends on the unit size. A block that passes from a
+//    staged segment to one of another unit size therefore meets a barrier first: without
+//    it, a warp already in the new segment would copy into bytes that another warp has
+//    staged and not yet stored. The emulation checks this rule (StageRaceCheck).
 //  - Per segment, the descriptor is read once into registers, and the unit size, the dim count
 //    and the negation are fixed for the segment: the per-unit work is a template over the
 //    unit size (1-16 bytes) and the dim count (1 to kRegisterDims dims kept in registers;
@@ -36,7 +40,9 @@
 //    and fields before its first data load).
 //  - Every launch is followed by cudaGetLastError, returned as the status.
 #include <atomic>
+#include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "common.cuh"
 
@@ -51,6 +57,69 @@ constexpr int kRegisterInFlight = 4;
 constexpr int kRegisterDims = 3;
 
 constexpr unsigned kSign32 = 0x80000000u;
+
+// The emulation's check of the stage rule (see the header comment): it runs a block's threads
+// one after another, so it records, for each stage byte and each barrier interval of the
+// block, which thread touched it; two threads in one interval could run at once on a GPU.
+class StageRaceCheck {
+ public:
+  // Starts block `block`'s thread `thread` (its first interval).
+  void begin(unsigned long long block, unsigned thread) {
+    tag_ = block * kThreads + thread + 1;
+    block_first_ = block * kThreads + 1;
+    interval_ = 0;
+  }
+  // The running thread passed one of the block's barriers.
+  void barrier() { ++interval_; }
+  // The running thread touches stage bytes [offset, offset + bytes).
+  void touch(size_t offset, size_t bytes) {
+    if (owners_.size() <= interval_) {
+      owners_.resize(interval_ + 1, std::vector<unsigned long long>(kThreads * kStageBytes, 0));
+    }
+    std::vector<unsigned long long> &owner = owners_[interval_];
+    for (size_t i = offset; i < offset + bytes && i < owner.size(); ++i) {
+      // A tag of an earlier block counts as free: each block's tags are new.
+      if (owner[i] >= block_first_ && owner[i] != tag_) {
+        raced_ = true;
+      }
+      owner[i] = tag_;
+    }
+  }
+  bool raced() const { return raced_; }
+
+ private:
+  std::vector<std::vector<unsigned long long>> owners_;
+  unsigned long long tag_ = 0;
+  unsigned long long block_first_ = 1;
+  size_t interval_ = 0;
+  bool raced_ = false;
+};
+
+// The check of the emulation running on this CPU thread (null outside cuferry_cuda_halo_emulate).
+thread_local StageRaceCheck *t_stage_check = nullptr;
+
+// The block's barrier between staged segments (on the host: the emulation's record of it).
+__host__ __device__ __forceinline__ void stage_barrier() {
+#ifdef __CUDA_ARCH__
+  __syncthreads();
+#else
+  if (t_stage_check != nullptr) {
+    t_stage_check->barrier();
+  }
+#endif
+}
+
+// The running thread touches stage bytes [offset, offset + bytes) (a no-op on the device).
+__host__ __device__ __forceinline__ void stage_touch(size_t offset, size_t bytes) {
+#ifndef __CUDA_ARCH__
+  if (t_stage_check != nullptr) {
+    t_stage_check->touch(offset, bytes);
+  }
+#else
+  (void)offset;
+  (void)bytes;
+#endif
+}
 
 // High 32 bits of a 32 x 32-bit product.
 __host__ __device__ __forceinline__ unsigned mul_hi(unsigned a, unsigned b) {
@@ -274,6 +343,7 @@ __host__ __device__ __forceinline__ void move_units_staged(const cuferry_halo_de
         break;
       }
       const unsigned char *from = pack ? array + array_offset<ND>(g, l) : slot + l * B;
+      stage_touch((static_cast<size_t>(j) * kThreads + thread) * B, B);
       async_copy<B>(column + j * kThreads, reinterpret_cast<const T *>(from));
     }
     async_wait();
@@ -343,6 +413,14 @@ __host__ __device__ __forceinline__ void move_units_nd(const cuferry_halo_desc &
   } else {
     move_units<F, ND, B>(d, packed, pack, lo, hi, thread);
   }
+}
+
+// The unit size of a descriptor whose segments take the staged path (3 or fewer dims, units
+// of 4, 8 or 16 bytes: the choices of halo_thread, move_units_of and move_units_nd), else 0.
+__host__ __device__ __forceinline__ int staged_unit(const cuferry_halo_desc &d) {
+  const int unit = d.unit_elems * d.elem_size;
+  const bool staged = d.ndim >= 1 && d.ndim <= kRegisterDims && (unit == 4 || unit == 8 || unit == 16);
+  return staged ? unit : 0;
 }
 
 // Picks the unit size of a descriptor.
@@ -420,6 +498,10 @@ __host__ __device__ void halo_thread(const cuferry_halo_desc *__restrict__ table
   const long long c0 = static_cast<long long>(block) * chunk;
   const long long c1 = c0 + chunk < total_units ? c0 + chunk : total_units;
   const bool pack = direction == CUFERRY_HALO_PACK;
+  // The unit size of the block's last staged segment (0: none yet). Every test below depends
+  // on the block and the table only, so every thread of the block takes the same branches
+  // and meets the same barriers.
+  int last_staged = 0;
   for (int d = lo; d < n_desc; ++d) {
     const cuferry_halo_desc &desc = table[d];
     const long long first = desc.unit_first;
@@ -431,6 +513,13 @@ __host__ __device__ void halo_thread(const cuferry_halo_desc *__restrict__ table
     const long long s1 = c1 < end ? c1 : end;
     if (s0 >= s1) {
       continue;
+    }
+    const int staged = staged_unit(desc);
+    if (staged != 0) {
+      if (last_staged != 0 && last_staged != staged) {
+        stage_barrier();  // the stage's bytes change owners (see the header comment)
+      }
+      last_staged = staged;
     }
     const long long l0 = s0 - first;
     const long long l1 = s1 - first;
@@ -634,17 +723,23 @@ cuferry_status prepare_launch(int32_t device, const cuferry_halo_desc *table, in
 }
 
 // Runs halo_thread<F> for every block and thread of the grid, one after the other.
+// Returns whether the stage rule held (see StageRaceCheck).
 template <int F>
-void emulate_with(const cuferry_halo_desc *table, int32_t n_desc, int64_t total_units,
+bool emulate_with(const cuferry_halo_desc *table, int32_t n_desc, int64_t total_units,
                   long long chunk, unsigned char *packed, int32_t direction, unsigned grid) {
   alignas(16) static thread_local unsigned char stage[kThreads * kStageBytes];
+  StageRaceCheck check;
+  t_stage_check = &check;
   int lo = 0;
   for (unsigned b = 0; b < grid; ++b) {
     lo = first_segment_from(table, n_desc, static_cast<long long>(b) * chunk, lo);
     for (unsigned t = 0; t < static_cast<unsigned>(kThreads); ++t) {
+      check.begin(b, t);
       halo_thread<F>(table, n_desc, total_units, chunk, packed, direction, b, t, stage, lo);
     }
   }
+  t_stage_check = nullptr;
+  return !check.raced();
 }
 
 }  // namespace
@@ -710,21 +805,22 @@ cuferry_status cuferry_cuda_halo_emulate(const cuferry_halo_desc *table, int32_t
     return st;
   }
   unsigned char *const bytes = static_cast<unsigned char *>(packed);
+  bool rule_held = false;
   switch (in_flight) {
     case 1:
-      emulate_with<1>(table, n_desc, total_units, chunk, bytes, direction, grid);
+      rule_held = emulate_with<1>(table, n_desc, total_units, chunk, bytes, direction, grid);
       break;
     case 4:
-      emulate_with<4>(table, n_desc, total_units, chunk, bytes, direction, grid);
+      rule_held = emulate_with<4>(table, n_desc, total_units, chunk, bytes, direction, grid);
       break;
     case 8:
-      emulate_with<8>(table, n_desc, total_units, chunk, bytes, direction, grid);
+      rule_held = emulate_with<8>(table, n_desc, total_units, chunk, bytes, direction, grid);
       break;
     default:
-      emulate_with<2>(table, n_desc, total_units, chunk, bytes, direction, grid);
+      rule_held = emulate_with<2>(table, n_desc, total_units, chunk, bytes, direction, grid);
       break;
   }
-  return CUFERRY_STATUS_SUCCESS;
+  return rule_held ? CUFERRY_STATUS_SUCCESS : CUFERRY_STATUS_STAGE_RACE;
 }
 
 cuferry_status cuferry_cuda_halo_seed_pack_launch(int32_t device, const void *src,

@@ -13,6 +13,8 @@ const char *cuferry_cuda_status_name(cuferry_status status) {
       return "CUFERRY_STATUS_NULL_ARGUMENT";
     case CUFERRY_STATUS_BAD_ENUM:
       return "CUFERRY_STATUS_BAD_ENUM";
+    case CUFERRY_STATUS_STAGE_RACE:
+      return "CUFERRY_STATUS_STAGE_RACE";
     default:
       break;
   }
@@ -30,6 +32,8 @@ const char *cuferry_cuda_status_string(cuferry_status status) {
       return "a required pointer argument was NULL";
     case CUFERRY_STATUS_BAD_ENUM:
       return "an enum argument was out of range";
+    case CUFERRY_STATUS_STAGE_RACE:
+      return "two threads of a block used the same shared-memory stage bytes between barriers";
     default:
       break;
   }

@@ -187,8 +187,10 @@ export -f sanitize_test
 # binaries it outlasts the step limit, so it runs the named subset (the same kernels). Since
 # the halo kernel stages its loads in shared memory, the whole halo binary ran past 400 s
 # under racecheck (its 150-case subset was not timed), so the subset is one small test of
-# every rotation; halo_cubed_sphere runs whole (every edge, turned, scalar and vector).
-declare -A racecheck_subset=([halo]=every_rotation_of_a_non_square_block [managed]=bulk_round_trip)
+# every rotation and one of a block passing between staged unit sizes (4, 16 and 8 bytes);
+# halo_cubed_sphere runs whole (every edge, turned, scalar and vector).
+declare -A racecheck_subset=([halo]="every_rotation_of_a_non_square_block units_of_several_sizes_in_one_block"
+  [managed]=bulk_round_trip)
 if [ "$sanitize" = 1 ]; then
   for tool in memcheck racecheck synccheck; do
     for t in "$here"/tests/*; do
@@ -198,7 +200,7 @@ if [ "$sanitize" = 1 ]; then
       [ "$(basename "$t")" = python_torch ] && continue
       subset=()
       if [ "$tool" = racecheck ] && [ -n "${racecheck_subset[$(basename "$t")]:-}" ]; then
-        subset=("${racecheck_subset[$(basename "$t")]}")
+        read -ra subset <<<"${racecheck_subset[$(basename "$t")]}"  # test-name filters
       fi
       run "$tool:$(basename "$t")" bash -c 'sanitize_test "$@"' _ "$tool" "$t" "${subset[@]}"
     done

@@ -498,6 +498,39 @@ fn every_rotation_of_a_non_square_block() {
     }
 }
 
+/// f32 regions whose access units are 4 bytes (x-faces 3 columns wide), 16 (whole rows) and
+/// 8 (x-faces 2 columns wide, 16 bytes into each row), few enough units for one block of the
+/// CUDA kernel: the block passes between unit sizes, whose shared-memory stage bytes belong to
+/// different threads (the GPU bundle runs this test under racecheck).
+#[test]
+fn units_of_several_sizes_in_one_block() {
+    let mut rng = Rng::new(12);
+    let layout = Layout { shape: vec![2, 12, 12], strides: vec![144, 12, 1], x: Some(2), y: Some(1) };
+    let regions = [
+        (vec![0..2, 0..12, 0..3], vec![0..2, 0..12, 9..12]),
+        (vec![0..2, 0..3, 0..12], vec![0..2, 9..12, 0..12]),
+        (vec![0..2, 0..12, 4..6], vec![0..2, 0..12, 6..8]),
+    ];
+    for vector in [false, true] {
+        let mut fill = || (0..layout.required()).map(|_| f32::random(&mut rng)).collect::<Vec<_>>();
+        let qs: Vec<Quantity<f32>> = regions
+            .iter()
+            .map(|(pack, unpack)| Quantity {
+                layout_x: layout.clone(),
+                layout_y: layout.clone(),
+                src_x: fill(),
+                src_y: fill(),
+                dst_x: fill(),
+                dst_y: fill(),
+                pack: pack.clone(),
+                unpack: unpack.clone(),
+                k: 0,
+            })
+            .collect();
+        check_case(&qs, vector);
+    }
+}
+
 /// The reference itself, checked on numbers worked out by hand: a 3 (x) by 2 (y) block
 /// stored as (y, x), values 10 y + x.
 #[test]

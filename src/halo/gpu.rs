@@ -453,6 +453,8 @@ mod tests {
         wide: usize,
         wide_negated: usize,
         most_units: i64,
+        /// The most distinct staged unit sizes (4, 8 or 16 bytes) in one table.
+        most_staged_sizes: usize,
     }
 
     /// Packs and unpacks the exchange set `xs` (with `xs` as the y exchanges too when
@@ -507,6 +509,9 @@ mod tests {
             seen.wide += table.iter().filter(wide).count();
             seen.wide_negated += table.iter().filter(wide).filter(|d| d.negate != 0).count();
             seen.most_units = table.iter().map(|d| d.units).fold(seen.most_units, i64::max);
+            let staged: std::collections::BTreeSet<i32> =
+                table.iter().map(|d| d.unit_elems * d.elem_size).filter(|u| [4, 8, 16].contains(u)).collect();
+            seen.most_staged_sizes = seen.most_staged_sizes.max(staged.len());
             let dir = match direction {
                 Direction::Pack => HaloDirection::Pack,
                 Direction::Unpack => HaloDirection::Unpack,
@@ -590,6 +595,34 @@ mod tests {
         let ex = HaloExchange::new(&spec, &[0..192, 3..253, 3..6], 1, &[0..192, 0..3, 3..253]).unwrap();
         check_against_reference(&mut rng, &[ex], false, "long quarter turn", &mut seen);
         assert!(seen.most_units > 1 << 17, "a long descriptor: {} units", seen.most_units);
+    }
+
+    /// A set whose segments stage units of 4, 16 and 8 bytes (f32 x-faces of 3 and 2 columns,
+    /// and whole rows), so a block passes between unit sizes: the emulation's stage check
+    /// fails unless the block meets a barrier there (on a GPU, a data race in shared memory).
+    #[test]
+    fn emulated_kernel_passes_between_unit_sizes_at_a_barrier() {
+        if !crate::cuda::is_built() {
+            println!("SKIP: built without nvcc (the kernel's program is in csrc/halo.cu)");
+            return;
+        }
+        let spec =
+            HaloSpec::new(ElementType::F32, &[2, 12, 12], &[144, 12, 1], HorizontalDims::xy(2, 1)).unwrap();
+        let ex = |pack: [std::ops::Range<usize>; 3], unpack: [std::ops::Range<usize>; 3]| {
+            HaloExchange::new(&spec, &pack, 0, &unpack).unwrap()
+        };
+        let xs = [
+            ex([0..2, 0..12, 0..3], [0..2, 0..12, 9..12]),
+            ex([0..2, 0..3, 0..12], [0..2, 9..12, 0..12]),
+            ex([0..2, 0..12, 4..6], [0..2, 0..12, 6..8]),
+        ];
+        let (mut rng, mut seen) = (Rng(0x2b_992d_d4a1), Seen::default());
+        // Each run places the arrays and the packed buffer at new shifts from a 16-byte
+        // boundary, which decide the unit sizes.
+        for run in 0..16 {
+            check_against_reference(&mut rng, &xs, false, &format!("mixed unit sizes, run {run}"), &mut seen);
+        }
+        assert!(seen.most_staged_sizes >= 2, "no table mixed staged unit sizes");
     }
 
     /// The device copies of a table, run on the host backend (the table logic is the same; only

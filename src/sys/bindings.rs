@@ -6,6 +6,7 @@ pub const CUFERRY_STATUS_SUCCESS: i32 = 0;
 pub const CUFERRY_STATUS_NOT_BUILT: i32 = -1;
 pub const CUFERRY_STATUS_NULL_ARGUMENT: i32 = -2;
 pub const CUFERRY_STATUS_BAD_ENUM: i32 = -3;
+pub const CUFERRY_STATUS_STAGE_RACE: i32 = -4;
 pub const CUFERRY_CUDA_NOT_READY: i32 = 600;
 pub const CUFERRY_CUDA_INSUFFICIENT_DRIVER: i32 = 35;
 pub const CUFERRY_CUDA_NO_DEVICE: i32 = 100;
@@ -655,7 +656,7 @@ unsafe extern "C" {
     ) -> cuferry_status;
 }
 unsafe extern "C" {
-    #[doc = " Runs the kernel's per-thread program for every block and thread of a launch of at most\n  `max_blocks` (>= 1) blocks, one after the other, on the calling CPU thread: the same code\n  as the launch, over host memory (table, arrays and `packed` are host addresses), with\n  `in_flight` (1, 2, 4 or 8) loads per thread in flight on the register path (units of 1\n  and 2 bytes; the launch uses 4). For tests of the kernel's index\n  arithmetic on machines without a GPU; not a fast path. Other arguments as for\n  cuferry_cuda_halo_launch."]
+    #[doc = " Runs the kernel's per-thread program for every block and thread of a launch of at most\n  `max_blocks` (>= 1) blocks, one after the other, on the calling CPU thread: the same code\n  as the launch, over host memory (table, arrays and `packed` are host addresses), with\n  `in_flight` (1, 2, 4 or 8) loads per thread in flight on the register path (units of 1\n  and 2 bytes; the launch uses 4). For tests of the kernel's index\n  arithmetic on machines without a GPU; not a fast path. It also checks the kernel's\n  shared-memory rule: CUFERRY_STATUS_STAGE_RACE (after the whole run) when two threads of a\n  block touched the same stage bytes between two of the block's barriers. Other arguments\n  as for cuferry_cuda_halo_launch."]
     pub fn cuferry_cuda_halo_emulate(
         table: *const cuferry_halo_desc,
         n_desc: i32,
