@@ -58,6 +58,7 @@ constexpr int kRegisterDims = 3;
 
 constexpr unsigned kSign32 = 0x80000000u;
 
+#ifndef __CUDA_ARCH__  // the emulation is host code only
 // The emulation's check of the stage rule (see the header comment): it runs a block's threads
 // one after another, so it records, for each stage byte and each barrier interval of the
 // block, which thread touched it; two threads in one interval could run at once on a GPU.
@@ -97,6 +98,7 @@ class StageRaceCheck {
 
 // The check of the emulation running on this CPU thread (null outside cuferry_cuda_halo_emulate).
 thread_local StageRaceCheck *t_stage_check = nullptr;
+#endif
 
 // The block's barrier between staged segments (on the host: the emulation's record of it).
 __host__ __device__ __forceinline__ void stage_barrier() {
@@ -722,6 +724,7 @@ cuferry_status prepare_launch(int32_t device, const cuferry_halo_desc *table, in
   return launch_grid(table, n_desc, total_units, packed, direction, resident, grid, chunk);
 }
 
+#ifndef __CUDA_ARCH__
 // Runs halo_thread<F> for every block and thread of the grid, one after the other.
 // Returns whether the stage rule held (see StageRaceCheck).
 template <int F>
@@ -741,6 +744,7 @@ bool emulate_with(const cuferry_halo_desc *table, int32_t n_desc, int64_t total_
   t_stage_check = nullptr;
   return !check.raced();
 }
+#endif
 
 }  // namespace
 
@@ -791,6 +795,7 @@ cuferry_status cuferry_cuda_halo_launch_inline(int32_t device, const cuferry_hal
   return cf_check(cudaGetLastError());
 }
 
+#ifndef __CUDA_ARCH__  // host code only (emulate_with)
 cuferry_status cuferry_cuda_halo_emulate(const cuferry_halo_desc *table, int32_t n_desc,
                                          int64_t total_units, void *packed, int32_t direction,
                                          int32_t in_flight, int32_t max_blocks) {
@@ -822,6 +827,7 @@ cuferry_status cuferry_cuda_halo_emulate(const cuferry_halo_desc *table, int32_t
   }
   return rule_held ? CUFERRY_STATUS_SUCCESS : CUFERRY_STATUS_STAGE_RACE;
 }
+#endif
 
 cuferry_status cuferry_cuda_halo_seed_pack_launch(int32_t device, const void *src,
                                              const int32_t *indices, int64_t n, void *dst,

@@ -123,6 +123,9 @@ cuferry_status cuferry_cuda_memset_async(void *dst, int32_t value, size_t bytes,
     return CUFERRY_STATUS_SUCCESS;
   }
   CF_REQUIRE(dst);
+  // The stream's device current: CUDA promises copies on another device's stream, not memsets
+  // (a thread that last worked on another GPU may zero this one's memory).
+  CF_TRY(cf_use_stream_device(cf_stream(stream)));
   return cf_check(cudaMemsetAsync(dst, value, bytes, cf_stream(stream)));
 }
 

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{cuda_device, Rng};
+use common::{cuda_device, two_cuda_devices, Rng};
 use cuferry::linop::{Array, Chain, Dims, LinopRef, Scalar};
 use cuferry::memory::{cache_stats, release_cached_memory};
 use cuferry::{Device, DeviceSpec, Stream};
@@ -112,4 +112,27 @@ fn concurrent_chains_reusing_memory_read_back_exactly_on_the_host() {
 fn concurrent_chains_reusing_memory_read_back_exactly_on_cuda() {
     let Some(device) = cuda_device() else { return };
     concurrent_chains_read_back_exactly(device, 4, 400);
+}
+
+/// Memory reused on one GPU right after work on another: the reused array's zeroing is queued
+/// while the thread last made the other GPU current (CUDA promises copies on a non-current
+/// device's stream, not memsets), and must still succeed and read back zero. Needs two GPUs.
+#[test]
+fn cached_zeros_on_one_gpu_after_work_on_another() {
+    let Some((a, b)) = two_cuda_devices() else { return };
+    let (on_a, on_b) = (DeviceSpec::new(a).unwrap(), DeviceSpec::new(b).unwrap());
+    let dims = Dims::new(&[("x", LEN)]).unwrap();
+    let op = chain(&dims);
+    let ones = vec![1.0f64; LEN];
+    for round in 0..20 {
+        // Filled, then dropped idle: cached for the next zeros on `a`.
+        let filled = Array::from_slice(&on_a, &[LEN], &ones).unwrap();
+        filled.synchronize().unwrap();
+        drop(filled);
+        // A kernel on `b` leaves `b` current on this thread.
+        let y = op.apply(&Array::from_slice(&on_b, &[LEN], &ones).unwrap()).unwrap();
+        let zeros = Array::<f64>::zeros(&on_a, &[LEN]).unwrap();
+        assert!(zeros.to_vec().unwrap().iter().all(|&v| v == 0.0), "round {round}: reused memory not zeroed");
+        assert!(y.to_vec().unwrap().iter().all(|&v| v == -3.0), "round {round}: the chain on the other GPU");
+    }
 }

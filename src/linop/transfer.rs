@@ -23,9 +23,14 @@
 //!   the result shares the buffer under the new placement, ordered by its tracker, and no
 //!   transfer stream is made for it. CUDA to another CUDA device: a peer copy on the transfer
 //!   stream; peer access is enabled once per pair when [`can_access_peer`] allows it,
-//!   otherwise the driver stages the copy. Host and CUDA:
-//!   through a pinned staging buffer (host memory -> pinned -> device, or back), both steps on
-//!   the CUDA side's stream; the staging buffer lives as long as the result.
+//!   otherwise the driver stages the copy. Host and CUDA: through a pinned staging buffer,
+//!   which lives as long as the result. Host to CUDA: host memory -> pinned -> device, both
+//!   steps on the CUDA side's stream (a CUDA stream can wait for host work only by blocking
+//!   the caller, which the first step already does). CUDA to host: device -> pinned on the
+//!   CUDA side's stream, then pinned -> host memory on the target's compute stream, whose job
+//!   waits for the first copy's event. A host-to-host copy queued on a CUDA stream would be
+//!   synchronous for the caller (CUDA's API synchronization rules), so `apply` would wait for
+//!   the device's whole queue.
 //!
 //! # Examples
 //!
@@ -167,7 +172,9 @@ pub(crate) fn transfer_on<T: Field>(x: &Array<T>, ospec: &DeviceSpec, stream: &S
         (Device::Cuda(_), Device::Host) => {
             let mut stage = PinnedBuffer::<T>::staging(src.device(), n)?;
             copy_range(stream, buf, src.offset(), &mut stage, 0, n)?;
-            copy(stream, &stage, &mut out)?;
+            // On the target's host stream, whose job waits for the first copy's event: a
+            // host-to-host copy queued on a CUDA stream is synchronous for the caller.
+            copy(&ospec.compute_stream, &stage, &mut out)?;
             Some(stage)
         }
         _ => {
