@@ -364,7 +364,38 @@ fn upload_timing_excludes_the_wait_for_the_consumer(device: Device) {
     assert!(ms < 100.0, "the upload's device time ({ms} ms) includes the consumer's 200 ms");
 }
 
+/// `try_acquire` and `acquire_timeout` stay bounded when the free host slot's last upload is
+/// still queued behind work on the consumer's stream (the upload waits for the release of its
+/// device slot, recorded after that work): the slot goes back to the ring, and is handed out,
+/// intact, once the work has run.
+fn bounded_acquires_never_wait_for_the_consumers_queue(device: Device) {
+    let ring = SlotRing::new(device, RingOptions::new(1, SLOT)).unwrap();
+    let consumer = Stream::new(device).unwrap();
+    publish(&ring, 0, 0);
+    let first = ring.next(&consumer).unwrap();
+    let gate = common::Gate::hold(&consumer);
+    drop(first); // released behind the gate
+    publish(&ring, 0, 1); // its upload waits for that release
+    drop(ring.next(&consumer).unwrap()); // the device slot is free again; the host slot is not
+    match ring.try_acquire() {
+        Err(Error::WouldBlock { .. }) => {}
+        other => panic!("try_acquire: expected WouldBlock, got {other:?}"),
+    }
+    assert!(!gate.passed(), "try_acquire waited for the consumer's queue");
+    match ring.acquire_timeout(Duration::from_millis(50)) {
+        Err(Error::Timeout { waited, .. }) => assert!(waited >= Duration::from_millis(50), "{waited:?}"),
+        other => panic!("acquire_timeout: expected Timeout, got {other:?}"),
+    }
+    assert!(!gate.passed(), "acquire_timeout waited for the consumer's queue");
+    gate.open();
+    publish(&ring, 0, 2);
+    check_slot(&ring.next(&consumer).unwrap(), &consumer, 0);
+    consumer.synchronize().unwrap();
+    assert_eq!(ring.stats().occupancy, 0, "{:?}", ring.stats());
+}
+
 on_both_backends! {
+    bounded_acquires_never_wait_for_the_consumers_queue => bounded_acquires_never_wait_for_the_consumers_queue;
     failed_submissions => failed_submissions;
     depths_and_speeds => depths_and_speeds;
     several_producers => several_producers;
