@@ -46,7 +46,8 @@ pub struct TransferCapabilities {
     pub host_memory_kind: MemoryKind,
     /// Whether every host slot is page-locked.
     pub host_pinned: bool,
-    /// Whether `submit_upload` returns before the copy has run.
+    /// Whether `submit_upload` returns before the copy has run (on CUDA, only when every host
+    /// slot is page-locked: an upload from pageable memory waits for the copy stream).
     pub supports_async_submit: bool,
     /// Whether uploads can be timed on the device.
     pub supports_timing_events: bool,
@@ -317,7 +318,10 @@ impl TransferBackend for StreamTransferBackend {
             device_family: if self.device.is_host() { DeviceFamily::Host } else { DeviceFamily::Cuda },
             host_memory_kind,
             host_pinned,
-            supports_async_submit: true,
+            // From pageable memory `cudaMemcpyAsync` waits for the copy stream's earlier work
+            // (CUDA's API synchronization rules): a registration the driver refused makes
+            // every submission of the ring synchronous.
+            supports_async_submit: self.device.is_host() || host_pinned,
             supports_timing_events: self.timing,
         }
     }
