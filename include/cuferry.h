@@ -27,9 +27,13 @@
  *   return (a slot not published goes back to the ring unpublished); `cuferry_ring_release`
  *   consumes the item handle.
  * - A slot's host pointer is valid until its handle is consumed. An item's device pointer is
- *   valid until it is released; work queued on the item's stream before the release finishes
- *   before the slot's next upload. On the host backend the item's memory is host memory, ready
- *   to read after `cuferry_stream_synchronize` on that stream.
+ *   valid until it is released; work queued on the item's stream (the stream passed to
+ *   `cuferry_ring_next`) runs after the upload, and work queued there before the release
+ *   finishes before the slot's next upload. Queue CUDA work on it through
+ *   `cuferry_stream_cuda_handle` (in PyTorch: `torch.cuda.ExternalStream`); work on another
+ *   stream is ordered by neither rule, so synchronize that stream before the release. On the
+ *   host backend the item's memory is host memory, ready to read after
+ *   `cuferry_stream_synchronize` on that stream.
  * - Items are plain bytes (`SlotLayout::bytes`); typed layouts are for the Rust API.
  * - Destroying the ring closes it; slot and item handles still held stay valid (they share the
  *   ring's memory) until consumed.
@@ -388,6 +392,19 @@ enum CuferryStatus cuferry_stream_destroy(struct CuferryStream *stream);
  * `stream` is NULL or a live stream handle.
  */
 enum CuferryStatus cuferry_stream_synchronize(const struct CuferryStream *stream);
+
+/**
+ * The `cudaStream_t` of a CUDA stream in `*out`, for queuing the caller's own kernels and
+ * copies on it (for example a ring item's consumer work before `cuferry_ring_release`, or
+ * through `torch.cuda.ExternalStream`). The handle stays owned by `stream`: valid until
+ * `cuferry_stream_destroy`, never to be destroyed by the caller. A host-backend stream has
+ * none: `CUFERRY_STATUS_UNSUPPORTED`, and `*out` is set to NULL.
+ *
+ * # Safety
+ *
+ * `stream` is NULL or a live stream handle; `out` is NULL or valid for writing a pointer.
+ */
+enum CuferryStatus cuferry_stream_cuda_handle(const struct CuferryStream *stream, void **out);
 
 /**
  * Allocates `bytes` of zeroed pinned host memory for `device` in `*out`.

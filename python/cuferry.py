@@ -290,6 +290,15 @@ class Stream(_Handle):
         """Waits for everything queued on the stream."""
         self.lib.call("cuferry_stream_synchronize", self._live())
 
+    @property
+    def cuda_handle(self):
+        """The stream's `cudaStream_t` as an int, for queuing CUDA work on it
+        (`cupy.cuda.ExternalStream`, `torch.cuda.ExternalStream`); owned by this stream.
+        Raises `CuferryError` (UNSUPPORTED) for a host-backend stream."""
+        out = ctypes.c_void_p()
+        self.lib.call("cuferry_stream_cuda_handle", self._live(), ctypes.byref(out))
+        return out.value
+
 
 class Buffer(_Handle):
     """Pinned host or device memory (`cuferry_pinned_alloc`, `cuferry_device_alloc`)."""

@@ -284,6 +284,34 @@ pub unsafe extern "C" fn cuferry_stream_synchronize(stream: *const CuferryStream
     guard(|| unsafe { handle(stream, "stream") }?.stream.synchronize())
 }
 
+/// The `cudaStream_t` of a CUDA stream in `*out`, for queuing the caller's own kernels and
+/// copies on it (for example a ring item's consumer work before `cuferry_ring_release`, or
+/// through `torch.cuda.ExternalStream`). The handle stays owned by `stream`: valid until
+/// `cuferry_stream_destroy`, never to be destroyed by the caller. A host-backend stream has
+/// none: `CUFERRY_STATUS_UNSUPPORTED`, and `*out` is set to NULL.
+///
+/// # Safety
+///
+/// `stream` is NULL or a live stream handle; `out` is NULL or valid for writing a pointer.
+#[no_mangle]
+pub unsafe extern "C" fn cuferry_stream_cuda_handle(
+    stream: *const CuferryStream,
+    out: *mut *mut c_void,
+) -> CuferryStatus {
+    guard(|| {
+        // SAFETY: `out` is NULL (refused) or valid for writing (caller's contract).
+        unsafe { write_out(out, std::ptr::null_mut()) }?;
+        // SAFETY: the caller's contract on `stream`.
+        let stream = &unsafe { handle(stream, "stream") }?.stream;
+        if stream.device().is_host() {
+            return Err(Error::unsupported("a host-backend stream has no CUDA handle"));
+        }
+        let raw = stream.cuda_raw()?;
+        // SAFETY: as above.
+        unsafe { write_out(out, raw.0.cast::<c_void>()) }
+    })
+}
+
 /// Allocates `bytes` of zeroed pinned host memory for `device` in `*out`.
 ///
 /// # Safety

@@ -71,6 +71,17 @@ int main(int argc, char **argv) {
   CHECK(cuferry_buffer_ptr(NULL) == NULL && cuferry_buffer_size(NULL) == 0);
   CHECK(cuferry_buffer_synchronize(NULL) == CUFERRY_STATUS_INVALID_ARGUMENT);
 
+  /* The stream's cudaStream_t: a handle on CUDA, none (UNSUPPORTED, NULL) on the host. */
+  void *raw = (void *)&raw;
+  if (device == CUFERRY_HOST) {
+    CHECK(cuferry_stream_cuda_handle(stream, &raw) == CUFERRY_STATUS_UNSUPPORTED && raw == NULL);
+  } else {
+    OK(cuferry_stream_cuda_handle(stream, &raw));
+    CHECK(raw != NULL);
+  }
+  CHECK(cuferry_stream_cuda_handle(NULL, &raw) == CUFERRY_STATUS_INVALID_ARGUMENT && raw == NULL);
+  CHECK(cuferry_stream_cuda_handle(stream, NULL) == CUFERRY_STATUS_INVALID_ARGUMENT);
+
   /* Without a usable CUDA device, CUDA requests fail with a typed status. */
   if (count == 0) {
     CuferryStream *cuda = NULL;

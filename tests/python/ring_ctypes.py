@@ -5,8 +5,11 @@ Usage: python3 ring_ctypes.py LIBCUFERRY_SO DEVICE   (DEVICE -1: host backend)
 
 A producer thread publishes batches with Ring.produce (pipelined, from Python bytes) and by
 hand (acquire, write, publish; one slot abandoned); the main thread consumes them in order and
-checks every byte: on the host backend from the item's memory, on CUDA by copying it out with
-CuPy (SKIP of the byte check, not of the protocol, when CuPy is missing). Then a ring freed
+checks every byte: on the host backend from the item's memory after synchronizing the item's
+stream; on CUDA as a consumer kernel would, with CuPy: a device copy of the item queued on the
+item's stream (`Stream.cuda_handle`), the item released at once, and the copies compared after
+the last item (the release must keep each slot's next upload behind its copy). Without CuPy
+the byte check is skipped, not the protocol. Then a ring freed
 while a consumer waits in `next`: the consumer gets Closed. Exits non-zero on failure.
 """
 import ctypes
@@ -33,18 +36,26 @@ def batch(seq):
     return bytes((i * (seq + 3) + seq) % 251 for i in range(n))
 
 
-def read_back(address, n):
-    """The item's bytes on the host, or None when they cannot be read here."""
+try:
+    import cupy
+except ImportError:
+    cupy = None
+
+
+def take(item):
+    """The item's bytes on the host backend (after synchronizing its stream); on CUDA a CuPy
+    copy queued on the item's stream, not waited for; None when CuPy is missing."""
     if device < 0:
-        return ctypes.string_at(address, n)
-    try:
-        import cupy
-    except ImportError:
+        stream.synchronize()
+        return ctypes.string_at(item.ptr, item.nbytes)
+    if cupy is None:
         return None
-    out = bytearray(n)
-    host = (ctypes.c_char * n).from_buffer(out)
-    cupy.cuda.runtime.memcpy(ctypes.addressof(host), address, n, cupy.cuda.runtime.memcpyDeviceToHost)
-    return bytes(out)
+    with cupy.cuda.ExternalStream(stream.cuda_handle) as on_item_stream:
+        out = cupy.empty(item.nbytes, dtype=cupy.uint8)
+        cupy.cuda.runtime.memcpyAsync(
+            out.data.ptr, item.ptr, item.nbytes, cupy.cuda.runtime.memcpyDeviceToDevice, on_item_stream.ptr
+        )
+    return out
 
 
 ring = lib.ring(device, DEPTH, SLOT, fill_threads=4)
@@ -70,17 +81,19 @@ def produce():
 
 producer = threading.Thread(target=produce, daemon=True)
 producer.start()
-received, checked = 0, 0
+received, checked, taken = 0, 0, []
+if device < 0:
+    try:
+        lib.stream(device).cuda_handle
+        raise AssertionError("a host stream gave a CUDA handle")
+    except cuferry.CuferryError as e:
+        assert e.name == "CUFERRY_STATUS_UNSUPPORTED", e.name
 try:
-    for item in ring.items(stream, timeout=20):
+    for item in ring.items(stream, timeout=20):  # each item is released when the loop moves on
         assert item.sequence == received, f"FIFO order: got {item.sequence}, expected {received}"
         want = batch(received)
         assert item.nbytes == len(want), f"item {received}: {item.nbytes} bytes, expected {len(want)}"
-        stream.synchronize()
-        got = read_back(item.ptr, item.nbytes)
-        if got is not None:
-            assert got == want, f"item {received}: bytes differ"
-            checked += 1
+        taken.append((received, want, take(item)))
         received += 1
 except BaseException:
     ring.close()  # the producer stops with Closed instead of waiting forever
@@ -88,6 +101,13 @@ except BaseException:
 producer.join()
 if errors:
     raise errors[0]
+stream.synchronize()
+for seq, want, got in taken:
+    if got is None:
+        continue
+    got = got if isinstance(got, bytes) else got.get().tobytes()
+    assert got == want, f"item {seq}: bytes differ"
+    checked += 1
 assert received == PIPELINED + BY_HAND, f"received {received} items"
 stats = ring.stats()
 assert stats["published"] == received and stats["occupancy"] == 0, stats
