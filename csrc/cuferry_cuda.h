@@ -125,6 +125,10 @@ cuferry_status cuferry_cuda_device_properties(int32_t device, cuferry_device_pro
 /** Free and total device memory in bytes (cudaMemGetInfo). */
 cuferry_status cuferry_cuda_device_mem_info(int32_t device, size_t *free_bytes, size_t *total_bytes);
 cuferry_status cuferry_cuda_device_synchronize(int32_t device);
+/** Makes `device` current on the calling thread (cudaSetDevice): cuferry's own threads call it
+ *  before querying or waiting for a device's events, so that a thread with no current device
+ *  does not create a context on device 0 (which a process using other GPUs never asked for). */
+cuferry_status cuferry_cuda_set_device(int32_t device);
 /** Whether `device` can access memory of `peer` directly (cudaDeviceCanAccessPeer). */
 cuferry_status cuferry_cuda_device_can_access_peer(int32_t device, int32_t peer, int32_t *can_access);
 /** Lets `device` access `peer`'s memory. Enabling twice is a success. */

@@ -129,6 +129,8 @@ cuferry_status cuferry_cuda_device_mem_info(int32_t device, size_t *free_bytes, 
   return CUFERRY_STATUS_SUCCESS;
 }
 
+cuferry_status cuferry_cuda_set_device(int32_t device) { return cf_check(cudaSetDevice(device)); }
+
 cuferry_status cuferry_cuda_device_synchronize(int32_t device) {
   CF_TRY(cudaSetDevice(device));
   CF_TRY(cudaDeviceSynchronize());

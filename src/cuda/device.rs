@@ -92,6 +92,15 @@ pub(crate) fn synchronize(device: u32) -> Result<()> {
     check("cudaDeviceSynchronize", unsafe { sys::cuferry_cuda_device_synchronize(dev) })
 }
 
+/// Makes `device` current on the calling thread (`cudaSetDevice`). Only cuferry's own threads
+/// call it (the reaper, host-stream workers), before CUDA calls that would otherwise run with
+/// no current device and so create a context on device 0.
+pub(crate) fn make_current(device: u32) -> Result<()> {
+    let dev = ordinal(device)?;
+    // SAFETY: a plain value argument.
+    check("cudaSetDevice", unsafe { sys::cuferry_cuda_set_device(dev) })
+}
+
 /// `cudaDeviceGetLimit(cudaLimitMaxL2FetchGranularity)` on `device`, in bytes.
 pub(crate) fn l2_fetch_granularity(device: u32) -> Result<usize> {
     let dev = ordinal(device)?;

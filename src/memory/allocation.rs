@@ -233,6 +233,15 @@ impl TrackedAllocation {
         }
     }
 
+    /// The CUDA device of the memory (device memory, or pinned memory allocated with it
+    /// current); `None` for host memory.
+    pub(super) fn cuda_ordinal(&self) -> Option<u32> {
+        match self.origin {
+            Origin::CudaDevice(ordinal) | Origin::CudaPinned(ordinal) => Some(ordinal),
+            Origin::Host(_) => None,
+        }
+    }
+
     /// Where the memory lives, for the cache (`None` for zero bytes).
     pub(super) fn place(&self) -> Option<Place> {
         match self.origin {

@@ -13,6 +13,9 @@
 //!   they become idle: one held back by a long queue does not hold back the others. Between
 //!   polls it sleeps with a growing backoff (20 us to 1 ms), woken early by each allocation
 //!   handed over (one poll serves every wake-up sent before it).
+//! - Before querying a CUDA allocation's events the reaper thread makes the allocation's
+//!   device current: a thread with no current device would create a context on device 0,
+//!   which a process using only other GPUs never asked for.
 //! - When a tracker cannot be queried (the queued work's fate is unknown) the memory is
 //!   leaked (never cached) and the error kept for [`take_drop_error`](crate::take_drop_error),
 //!   as a waiting drop does; the tracker's streams and events are released.
@@ -287,16 +290,25 @@ fn finished(pending: &Monitor<Pending>, tickets: &[u64], bytes: usize) {
 /// One poll of the waiting list, under its lock: idle cached allocations go to the process's
 /// cache; the other idle ones, those the cache refused, evicted ones and those whose tracker
 /// failed come back to be freed or leaked outside the lock. Returns their tickets and bytes.
+/// Before querying a CUDA allocation's events it makes that allocation's device current
+/// (`current`: the device this thread last made current), so the reaper never creates a
+/// context on a device the process does not use.
 fn poll(
     waiting: &Waiting,
     to_free: &mut Vec<TrackedAllocation>,
     to_leak: &mut Vec<TrackedAllocation>,
+    current: &mut Option<u32>,
 ) -> (Vec<u64>, usize) {
     let mut done = Vec::new();
     let mut bytes = 0;
     let mut list = waiting.lock();
     let mut k = 0;
     while k < list.len() {
+        if let Some(ordinal) = list[k].1.cuda_ordinal() {
+            if *current != Some(ordinal) && crate::cuda::device::make_current(ordinal).is_ok() {
+                *current = Some(ordinal);
+            }
+        }
         let idle = list[k].1.tracker.is_idle();
         if matches!(idle, Ok(false)) {
             k += 1;
@@ -327,9 +339,9 @@ fn poll(
 /// `pending`; returns when the wake channel's sender is gone and nothing waits.
 fn serve(wakes: &Receiver<()>, waiting: &Waiting, pending: &Monitor<Pending>) {
     let mut backoff = BACKOFF.0;
-    let (mut to_free, mut to_leak) = (Vec::new(), Vec::new());
+    let (mut to_free, mut to_leak, mut current) = (Vec::new(), Vec::new(), None);
     loop {
-        let (done, bytes) = poll(waiting, &mut to_free, &mut to_leak);
+        let (done, bytes) = poll(waiting, &mut to_free, &mut to_leak, &mut current);
         to_free.clear();
         to_leak.drain(..).for_each(TrackedAllocation::leak_memory);
         if !done.is_empty() {

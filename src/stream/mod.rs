@@ -210,7 +210,15 @@ impl Stream {
             }
             (StreamBackend::Host(q), EventBackend::Cuda(ev)) => {
                 let ev = Arc::clone(ev);
-                q.submit(Box::new(move || ev.synchronize()))
+                let device = event.device();
+                q.submit(Box::new(move || {
+                    // The worker thread may have no current device: without this, the wait
+                    // would create a context on device 0.
+                    if let Device::Cuda(ordinal) = device {
+                        crate::cuda::device::make_current(ordinal)?;
+                    }
+                    ev.synchronize()
+                }))
             }
             (StreamBackend::Cuda(s), EventBackend::Cuda(ev)) => {
                 crate::cuda::stream::wait_event(s.raw, ev.raw)

@@ -175,6 +175,10 @@ unsafe extern "C" {
     pub fn cuferry_cuda_device_synchronize(device: i32) -> cuferry_status;
 }
 unsafe extern "C" {
+    #[doc = " Makes `device` current on the calling thread (cudaSetDevice): cuferry's own threads call it\n  before querying or waiting for a device's events, so that a thread with no current device\n  does not create a context on device 0 (which a process using other GPUs never asked for)."]
+    pub fn cuferry_cuda_set_device(device: i32) -> cuferry_status;
+}
+unsafe extern "C" {
     #[doc = " Whether `device` can access memory of `peer` directly (cudaDeviceCanAccessPeer)."]
     pub fn cuferry_cuda_device_can_access_peer(
         device: i32,
