@@ -80,7 +80,23 @@ impl<T: Element> DeviceBuffer<T> {
     ///
     /// As [`DeviceBuffer::uninit`].
     pub(crate) unsafe fn uninit_cached(device: Device, len: usize) -> Result<Self> {
-        Ok(Self::cached(device, len)?.0)
+        let buf = Self::cached(device, len)?.0;
+        #[cfg(debug_assertions)]
+        buf.poison_host_bytes();
+        Ok(buf)
+    }
+
+    /// Debug builds: fills host memory handed out uninitialised with 0xff bytes (NaN in every
+    /// float type), so an element that the work meant to overwrite it missed shows in tests
+    /// instead of reading as a fresh allocation's zero.
+    #[cfg(debug_assertions)]
+    fn poison_host_bytes(&self) {
+        let (ptr, bytes) = (self.alloc.ptr(), self.alloc.bytes());
+        if self.device == Device::Host && bytes > 0 {
+            // SAFETY: host memory of `bytes` bytes, just allocated or taken idle from the cache
+            // (no queued work uses it), and owned by this buffer alone.
+            unsafe { std::ptr::write_bytes(ptr, 0xff, bytes) };
+        }
     }
 
     /// A cached buffer (see [`DeviceBuffer::uninit_cached`]) and whether its memory was

@@ -61,12 +61,26 @@ fn output<T: Field>(spec: &DeviceSpec, shape: &[usize]) -> Result<DeviceBuffer<T
     DeviceBuffer::zeroed_cached(&spec.compute_stream, super::array::numel(shape)?)
 }
 
+/// Like [`output`], not zeroed, for work that writes every element (on CUDA the zeroing is a
+/// memset of the whole output: as many bytes written again as the kernel writes).
+///
+/// # Safety
+///
+/// 1. Every element is written by work queued on the buffer (ordered by its tracker) before
+///    anything reads it.
+unsafe fn output_overwritten<T: Field>(spec: &DeviceSpec, shape: &[usize]) -> Result<DeviceBuffer<T>> {
+    super::array::check_spec(spec)?;
+    // SAFETY: the caller's precondition 1.
+    unsafe { DeviceBuffer::uninit_cached(spec.compute_stream.device(), super::array::numel(shape)?) }
+}
+
 /// A row-major copy of `x` on its spec.
 pub(crate) fn contiguous<T: Field>(x: &Array<T>) -> Result<Array<T>> {
     let spec = x.spec();
     match x.device() {
         Device::Host => {
-            let mut out = output::<T>(spec, x.shape())?;
+            // SAFETY: the copy below writes the whole row-major output.
+            let mut out = unsafe { output_overwritten::<T>(spec, x.shape())? };
             host::copy_view(&spec.compute_stream, x.buffer(), view(x), &mut out, contiguous_view(x.shape()))?;
             Ok(Array::from_owned(spec, out, x.shape()).produced_from([x], None))
         }
@@ -80,7 +94,8 @@ pub(crate) fn scale<T: Field>(x: &Array<T>, alpha: T) -> Result<Array<T>> {
     match backend(x.device())? {
         Backend::Host => {
             let spec = x.spec();
-            let mut out = output::<T>(spec, x.shape())?;
+            // SAFETY: the scaling below writes the whole row-major output.
+            let mut out = unsafe { output_overwritten::<T>(spec, x.shape())? };
             host::scale_view(
                 &spec.compute_stream,
                 alpha,
@@ -93,7 +108,8 @@ pub(crate) fn scale<T: Field>(x: &Array<T>, alpha: T) -> Result<Array<T>> {
         }
         Backend::Cuda => {
             let spec = x.spec();
-            let mut out = output::<T>(spec, x.shape())?;
+            // SAFETY: the map below (not accumulating) writes the whole row-major output.
+            let mut out = unsafe { output_overwritten::<T>(spec, x.shape())? };
             let dst = contiguous_view(x.shape());
             cuda::map(&spec.compute_stream, alpha, x.buffer(), &view(x), &mut out, &dst, false)?;
             Ok(Array::from_owned(spec, out, x.shape()).produced_from([x], None))
@@ -123,24 +139,24 @@ pub(crate) fn sum<T: Field>(terms: &[Array<T>]) -> Result<Array<T>> {
     match backend(first.device())? {
         Backend::Host => {
             let spec = first.spec();
-            let mut out = output::<T>(spec, first.shape())?;
-            for t in terms {
-                host::add_view(
-                    &spec.compute_stream,
-                    t.buffer(),
-                    view(t),
-                    &mut out,
-                    contiguous_view(t.shape()),
-                )?;
+            // SAFETY: the first term is copied over the whole row-major output, the others
+            // added to it.
+            let mut out = unsafe { output_overwritten::<T>(spec, first.shape())? };
+            let dst = contiguous_view(first.shape());
+            host::copy_view(&spec.compute_stream, first.buffer(), view(first), &mut out, dst.clone())?;
+            for t in &terms[1..] {
+                host::add_view(&spec.compute_stream, t.buffer(), view(t), &mut out, dst.clone())?;
             }
             Ok(Array::from_owned(spec, out, first.shape()).produced_from(terms, None))
         }
         Backend::Cuda => {
             let spec = first.spec();
-            let mut out = output::<T>(spec, first.shape())?;
+            // SAFETY: the first map (not accumulating) writes the whole row-major output; the
+            // others add to it.
+            let mut out = unsafe { output_overwritten::<T>(spec, first.shape())? };
             let dst = contiguous_view(first.shape());
-            for t in terms {
-                cuda::map(&spec.compute_stream, T::one(), t.buffer(), &view(t), &mut out, &dst, true)?;
+            for (k, t) in terms.iter().enumerate() {
+                cuda::map(&spec.compute_stream, T::one(), t.buffer(), &view(t), &mut out, &dst, k > 0)?;
             }
             Ok(Array::from_owned(spec, out, first.shape()).produced_from(terms, None))
         }
@@ -177,7 +193,8 @@ pub(crate) fn concat<T: Field>(parts: &[Array<T>], axis: usize) -> Result<Array<
     match backend(first.device())? {
         Backend::Host => {
             let spec = first.spec();
-            let mut out = output::<T>(spec, &shape)?;
+            // SAFETY: the parts, copied side by side along `axis`, cover the whole output.
+            let mut out = unsafe { output_overwritten::<T>(spec, &shape)? };
             let strides = row_major(&shape);
             let mut start = 0;
             for p in parts {
@@ -193,7 +210,8 @@ pub(crate) fn concat<T: Field>(parts: &[Array<T>], axis: usize) -> Result<Array<
         }
         Backend::Cuda => {
             let spec = first.spec();
-            let mut out = output::<T>(spec, &shape)?;
+            // SAFETY: the parts, copied side by side along `axis`, cover the whole output.
+            let mut out = unsafe { output_overwritten::<T>(spec, &shape)? };
             let strides = row_major(&shape);
             let mut start = 0;
             for p in parts {
@@ -261,10 +279,20 @@ pub(crate) fn einsum<T: Field>(
         c.w_strides.push(wi.map_or(0, |p| p.1));
     }
     let spec = x.spec();
-    let mut out = output::<T>(spec, odims.sizes())?;
-    match backend {
-        Backend::Host => host::contract(&spec.compute_stream, c, x.buffer(), w.buffer(), &mut out)?,
-        Backend::Cuda => cuda::contract(&spec.compute_stream, &c, x.buffer(), w.buffer(), &mut out)?,
-    }
+    let out = match backend {
+        Backend::Host => {
+            // The host's contraction accumulates into the output.
+            let mut out = output::<T>(spec, odims.sizes())?;
+            host::contract(&spec.compute_stream, c, x.buffer(), w.buffer(), &mut out)?;
+            out
+        }
+        Backend::Cuda => {
+            // SAFETY: the kernel writes every output element once (its sum, zero for an empty
+            // reduction).
+            let mut out = unsafe { output_overwritten::<T>(spec, odims.sizes())? };
+            cuda::contract(&spec.compute_stream, &c, x.buffer(), w.buffer(), &mut out)?;
+            out
+        }
+    };
     Ok(Array::from_owned(spec, out, odims.sizes()).produced_from([x, w], None))
 }
