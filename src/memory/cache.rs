@@ -25,8 +25,9 @@
 //!   `PinnedBuffer::staging` the caller writes every element before anything reads it (linop's
 //!   transfers copy into the whole buffer).
 //! - The cache holds at most [`MAX_CACHED_BYTES`] and [`MAX_CACHED`] allocations per place: to
-//!   make room it frees that place's longest-cached allocations (a working set that changed
-//!   replaces the old one); an allocation larger than the byte cap by itself is freed. The
+//!   make room it evicts that place's longest-cached allocations (a working set that changed
+//!   replaces the old one), which the reaper thread frees, so the dropping thread never waits
+//!   in `cudaFree`; an allocation larger than the byte cap by itself is freed. The
 //!   most recently cached allocation of a class is reused first (its lines may still be in a
 //!   CPU cache). Freed allocations, evicted or released, never come back to the cache.
 //! - An allocation of cuferry's (a buffer, or a managed pool's) failing for lack of memory
@@ -41,6 +42,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use super::allocation::TrackedAllocation;
+use super::reaper;
 
 /// The most bytes cached per place.
 pub const MAX_CACHED_BYTES: usize = 1 << 30;
@@ -193,14 +195,14 @@ impl Cache {
         Some(alloc)
     }
 
-    /// Keeps `alloc` (whose tracker must be idle) for reuse, first freeing the place's
-    /// longest-cached allocations while it would not fit under the caps. Hands it back when it
-    /// is not a cached allocation or is larger than the byte cap by itself (the caller frees
-    /// it).
+    /// Keeps `alloc` (whose tracker must be idle) for reuse, first evicting the place's
+    /// longest-cached allocations while it would not fit under the caps (the reaper thread
+    /// frees them: a free may wait for the whole device). Hands it back when it is not a
+    /// cached allocation or is larger than the byte cap by itself (the caller frees it).
     pub(crate) fn give(&self, alloc: TrackedAllocation) -> Result<(), TrackedAllocation> {
         let mut evicted = Vec::new();
         let given = self.give_collecting(alloc, &mut evicted);
-        drop(evicted);
+        reaper::free_later(evicted);
         given
     }
 

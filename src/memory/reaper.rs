@@ -33,6 +33,8 @@
 //!   paces itself on that work instead of growing without bound). The first pending
 //!   allocation is always taken, whatever its size. A drop inside a host stream's job is
 //!   always taken: waiting there could be for work queued behind that job.
+//! - The cache's evictions are freed by the reaper thread too ([`free_later`]): idle, they are
+//!   freed at its next poll, off the thread that dropped the allocation that evicted them.
 //! - When the reaper thread cannot be started, the drop waits and releases as an unmarked one.
 //!   Allocations still pending when the process exits are not freed (the system reclaims
 //!   them).
@@ -142,6 +144,16 @@ pub(crate) fn defer(alloc: TrackedAllocation, capped: Capped) -> Result<(), Trac
     }
 }
 
+/// Hands idle allocations to the reaper thread to be freed there (the cache's evictions):
+/// `cudaFree` and `cudaFreeHost` may wait for the whole device, which a dropping thread should
+/// not. Without a reaper they are freed here.
+pub(crate) fn free_later(allocs: Vec<TrackedAllocation>) {
+    match global() {
+        Some(r) => r.free_later(allocs),
+        None => drop(allocs),
+    }
+}
+
 /// Blocks until every allocation handed to the reaper before the call has been freed (or
 /// leaked).
 #[cfg(test)]
@@ -223,6 +235,16 @@ impl Reaper {
         drop(waiting);
         finished(&self.pending, &[ticket], bytes);
         Err(back)
+    }
+
+    /// See [`free_later`]: taken whatever the caps (the thread that gave them back would
+    /// otherwise free them itself).
+    fn free_later(&self, allocs: Vec<TrackedAllocation>) {
+        for alloc in allocs {
+            if let Err(back) = self.defer(alloc, Capped::No) {
+                drop(back);
+            }
+        }
     }
 
     /// See [`reclaim`].
@@ -497,6 +519,20 @@ mod tests {
         assert!(reaper.resume(wakes));
         assert!(host.recv_timeout(Duration::from_secs(5)).is_ok(), "the drain did not return after the free");
         assert!(reaper.pending.lock().outstanding.is_empty());
+    }
+
+    /// Idle allocations handed over to be freed (the cache's evictions) are taken past the
+    /// caps and wait for the reaper's thread, not freed by the caller: with the thread paused
+    /// they stay pending, and once it runs they are freed.
+    #[test]
+    fn evictions_are_freed_by_the_reaper_thread() {
+        let (reaper, wakes) = Reaper::paused(Caps { count: 1, bytes: 1 });
+        let allocs: Vec<_> = (0..3).map(|_| TrackedAllocation::host_zeroed(4096).unwrap()).collect();
+        reaper.free_later(allocs);
+        assert_eq!(reaper.pending.lock().outstanding.len(), 3, "an eviction was freed by the caller");
+        assert!(reaper.resume(wakes));
+        reaper.drain();
+        assert!(reaper.waiting.lock().is_empty() && reaper.pending.lock().outstanding.is_empty());
     }
 
     /// A pending cached allocation is reclaimed by a miss of its place and size class once
