@@ -127,8 +127,11 @@ pub(crate) fn retry_after_deferred_frees<R>(
     let cached = || cache::global().held_bytes_where(covers);
     match alloc() {
         Err(err) if is_out_of_memory(&err) && (super::reaper::pending_where(covers) > 0 || cached() > 0) => {
-            // The reaper's frees first: those of cached allocations end in the cache.
-            super::reaper::drain_where(covers);
+            // The reaper's frees first: those of cached allocations end in the cache. Not
+            // inside a host stream's job: the frees could wait for work queued behind it.
+            if !crate::stream::host::in_job() {
+                super::reaper::drain_where(covers);
+            }
             cache::global().release_where(covers);
             alloc()
         }
@@ -422,6 +425,40 @@ mod tests {
         let host = super::TrackedAllocation::host_zeroed(isize::MAX as usize - 4095).map(drop);
         assert!(host.as_ref().is_err_and(super::is_out_of_memory), "{host:?}");
         assert_eq!(calls.load(Ordering::SeqCst), 1, "a failure other than out-of-memory was retried");
+    }
+
+    /// An allocation failing for lack of memory inside a host stream's job does not wait for
+    /// deferred frees: one of them may wait for work queued behind that very job (it used to
+    /// deadlock). It still releases the cache and returns its error.
+    #[test]
+    fn out_of_memory_inside_a_host_job_never_waits_for_work_behind_it() {
+        let _serial = crate::memory::cache::tests::global_cache_lock();
+        let stream = Stream::new(Device::Host).unwrap();
+        let (go, wait_for_go) = std::sync::mpsc::channel::<()>();
+        let (report, outcome) = std::sync::mpsc::channel();
+        stream
+            .host_fn(move || {
+                let _ = wait_for_go.recv();
+                // A petabyte: the host allocator refuses it for lack of memory.
+                let _ = report.send(TrackedAllocation::host_zeroed(1 << 50).map(drop));
+            })
+            .unwrap();
+        let mut behind = DeviceBuffer::<u8>::zeroed(&stream, 64).unwrap().with_deferred_free();
+        let src = DeviceBuffer::from_slice(&Stream::new(Device::Host).unwrap(), &[1u8; 64]).unwrap();
+        copy(&stream, &src, &mut behind).unwrap(); // queued behind the job
+        drop(behind); // deferred: pending in the reaper until the job has run
+        go.send(()).unwrap();
+        let got = outcome.recv_timeout(Duration::from_secs(5));
+        if got.is_err() {
+            // Deadlocked: dropping what waits for the stream would hang the test, not fail it.
+            std::mem::forget((stream, src));
+            panic!("the job's allocation waited for work queued behind its job");
+        }
+        assert!(
+            matches!(got, Ok(Err(Error::Unsupported { .. }))),
+            "the job's allocation did not fail at once: {got:?}"
+        );
+        stream.synchronize().unwrap();
     }
 
     /// Memory that an allocation failing for lack of memory cannot have drawn on stays
