@@ -129,6 +129,8 @@ cuferry_status cuferry_cuda_device_synchronize(int32_t device);
  *  before querying or waiting for a device's events, so that a thread with no current device
  *  does not create a context on device 0 (which a process using other GPUs never asked for). */
 cuferry_status cuferry_cuda_set_device(int32_t device);
+/** The calling thread's current device (cudaGetDevice). */
+cuferry_status cuferry_cuda_get_device(int32_t *device);
 /** Whether `device` can access memory of `peer` directly (cudaDeviceCanAccessPeer). */
 cuferry_status cuferry_cuda_device_can_access_peer(int32_t device, int32_t peer, int32_t *can_access);
 /** Lets `device` access `peer`'s memory. Enabling twice is a success. */

@@ -131,6 +131,14 @@ cuferry_status cuferry_cuda_device_mem_info(int32_t device, size_t *free_bytes, 
 
 cuferry_status cuferry_cuda_set_device(int32_t device) { return cf_check(cudaSetDevice(device)); }
 
+cuferry_status cuferry_cuda_get_device(int32_t *device) {
+  CF_REQUIRE(device);
+  int d = 0;
+  CF_TRY(cudaGetDevice(&d));
+  *device = d;
+  return CUFERRY_STATUS_SUCCESS;
+}
+
 cuferry_status cuferry_cuda_device_synchronize(int32_t device) {
   CF_TRY(cudaSetDevice(device));
   CF_TRY(cudaDeviceSynchronize());

@@ -45,6 +45,15 @@
  *   exchange, in exchange order; their size must cover the exchange's strided extent.
  * - Packing and unpacking are queued on the packer's stream; `cuferry_halo_pack_buffer` and
  *   `cuferry_halo_unpack_buffer` wait for it and return the buffer's address and size.
+ * - The packer's stream is ordered after cuferry's own work on the arrays (copies through
+ *   `cuferry_copy`), not after work cuferry did not queue: your kernels or copies writing the
+ *   arrays, or the received bytes in the unpack buffer (CUDA-aware MPI), must have finished
+ *   before `cuferry_halo_pack` / `cuferry_halo_unpack` is called.
+ * - The addresses from `cuferry_halo_pack_buffer` / `cuferry_halo_unpack_buffer` stay valid
+ *   until the packer is destroyed (its memory then goes back to a pool, and may serve
+ *   another packer). The pack buffer's bytes are rewritten by the next `cuferry_halo_pack`:
+ *   wait for sends from it (`MPI_Wait`) first.
+ * - A packer is used by one thread at a time.
  *
  * Managed memory (src/ffi/managed.rs):
  * - `cuferry_managed_malloc` / `cuferry_managed_free` have exactly the signatures PyTorch's
@@ -60,6 +69,12 @@
  *   `CUFERRY_MANAGED_MAX_BATCH` ranges.
  * - Device -1 is the host backend's pool (plain host memory; prefetch to the host and advice
  *   are no-ops there).
+ * - The allocator pair runs with `device` current (a NULL stream is the legacy stream of the
+ *   current device) and makes the caller's current device current again before returning.
+ * - PyTorch: use the pair through `torch.cuda.MemPool` (PyTorch's caching allocator sits in
+ *   front and honours `Tensor.record_stream`). Installed with `change_current_allocator`,
+ *   `record_stream` has no effect (PyTorch calls no hook of ours): memory freed while another
+ *   stream still uses it can be reused on the allocation's stream.
  */
 
 #ifndef CUFERRY_H

@@ -101,6 +101,39 @@ pub(crate) fn make_current(device: u32) -> Result<()> {
     check("cudaSetDevice", unsafe { sys::cuferry_cuda_set_device(dev) })
 }
 
+/// The calling thread's current device, made current again when dropped (for C entry points
+/// that other libraries call implicitly, such as PyTorch's allocator pair, whose callers
+/// rely on their current device: cuferry's own calls may make another device current).
+pub(crate) struct DeviceScope {
+    restore: Option<i32>,
+}
+
+impl DeviceScope {
+    /// Makes `device` current for the scope (no call when it already is).
+    pub(crate) fn enter(device: u32) -> Result<Self> {
+        let dev = ordinal(device)?;
+        let mut current = 0;
+        // SAFETY: `current` is a valid out-pointer.
+        check("cudaGetDevice", unsafe { sys::cuferry_cuda_get_device(&mut current) })?;
+        if current == dev {
+            return Ok(DeviceScope { restore: None });
+        }
+        // SAFETY: a plain value argument.
+        check("cudaSetDevice", unsafe { sys::cuferry_cuda_set_device(dev) })?;
+        Ok(DeviceScope { restore: Some(current) })
+    }
+}
+
+impl Drop for DeviceScope {
+    fn drop(&mut self) {
+        if let Some(device) = self.restore {
+            // SAFETY: a plain value argument. A failure leaves `device`'s scope device current;
+            // there is nothing better to do in a drop.
+            let _ = unsafe { sys::cuferry_cuda_set_device(device) };
+        }
+    }
+}
+
 /// `cudaDeviceGetLimit(cudaLimitMaxL2FetchGranularity)` on `device`, in bytes.
 pub(crate) fn l2_fetch_granularity(device: u32) -> Result<usize> {
     let dev = ordinal(device)?;

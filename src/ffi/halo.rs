@@ -8,6 +8,15 @@
 //!   exchange, in exchange order; their size must cover the exchange's strided extent.
 //! - Packing and unpacking are queued on the packer's stream; `cuferry_halo_pack_buffer` and
 //!   `cuferry_halo_unpack_buffer` wait for it and return the buffer's address and size.
+//! - The packer's stream is ordered after cuferry's own work on the arrays (copies through
+//!   `cuferry_copy`), not after work cuferry did not queue: your kernels or copies writing the
+//!   arrays, or the received bytes in the unpack buffer (CUDA-aware MPI), must have finished
+//!   before `cuferry_halo_pack` / `cuferry_halo_unpack` is called.
+//! - The addresses from `cuferry_halo_pack_buffer` / `cuferry_halo_unpack_buffer` stay valid
+//!   until the packer is destroyed (its memory then goes back to a pool, and may serve
+//!   another packer). The pack buffer's bytes are rewritten by the next `cuferry_halo_pack`:
+//!   wait for sends from it (`MPI_Wait`) first.
+//! - A packer is used by one thread at a time.
 
 use std::ffi::c_void;
 use std::ops::Range;

@@ -15,12 +15,19 @@
 //!   `CUFERRY_MANAGED_MAX_BATCH` ranges.
 //! - Device -1 is the host backend's pool (plain host memory; prefetch to the host and advice
 //!   are no-ops there).
+//! - The allocator pair runs with `device` current (a NULL stream is the legacy stream of the
+//!   current device) and makes the caller's current device current again before returning.
+//! - PyTorch: use the pair through `torch.cuda.MemPool` (PyTorch's caching allocator sits in
+//!   front and honours `Tensor.record_stream`). Installed with `change_current_allocator`,
+//!   `record_stream` has no effect (PyTorch calls no hook of ours): memory freed while another
+//!   stream still uses it can be reused on the allocation's stream.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_int, c_void};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use super::{device_of, guard, set_last_error, write_out, CuferryStatus};
+use crate::cuda::device::DeviceScope;
 use crate::cuda::managed::{self as raw, Batch};
 use crate::cuda::stream::RawStream;
 use crate::error::{Error, Result};
@@ -121,6 +128,17 @@ fn raw_stream(stream: *mut c_void) -> RawStream {
     RawStream(stream.cast())
 }
 
+/// For a CUDA `device` (not the host pool, -1): the device current for the call, and the
+/// caller's current device restored after it. A NULL stream is the legacy default stream of
+/// the *current* device, and the out-of-memory retry or the `cudaMallocManaged` fallback may
+/// make other devices current: PyTorch calls the pair implicitly and relies on its device.
+fn device_scope(device: c_int) -> Result<Option<DeviceScope>> {
+    match u32::try_from(device) {
+        Ok(ordinal) => DeviceScope::enter(ordinal).map(Some),
+        Err(_) => Ok(None),
+    }
+}
+
 /// Allocates `size` bytes of managed memory for `device`, in order on `stream`
 /// (`CUDAPluggableAllocator`'s alloc). NULL on failure (see `cuferry_last_error_message`).
 ///
@@ -140,6 +158,7 @@ pub unsafe extern "C" fn cuferry_managed_malloc(
             .filter(|&b| b > 0)
             .ok_or_else(|| Error::invalid(format!("size {size}")))?;
         let pool = pool_for(device)?;
+        let _scope = device_scope(device)?;
         let s = (pool.kind() == PoolKind::ManagedPool).then(|| raw_stream(stream));
         let ptr = pool.inner.alloc_raw(bytes, s, false)?;
         allocations().insert(ptr as usize, (device, bytes));
@@ -182,6 +201,7 @@ pub unsafe extern "C" fn cuferry_managed_free(
             ));
         }
         let freed = pool_for(dev).and_then(|pool| {
+            let _scope = device_scope(dev)?;
             let s = (pool.kind() == PoolKind::ManagedPool).then(|| raw_stream(stream));
             // SAFETY: the registry proves `ptr` came from this pool with `bytes` and frees it
             // once. Every use is finished or queued on `stream` (the caller's contract): a

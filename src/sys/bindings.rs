@@ -179,6 +179,10 @@ unsafe extern "C" {
     pub fn cuferry_cuda_set_device(device: i32) -> cuferry_status;
 }
 unsafe extern "C" {
+    #[doc = " The calling thread's current device (cudaGetDevice)."]
+    pub fn cuferry_cuda_get_device(device: *mut i32) -> cuferry_status;
+}
+unsafe extern "C" {
     #[doc = " Whether `device` can access memory of `peer` directly (cudaDeviceCanAccessPeer)."]
     pub fn cuferry_cuda_device_can_access_peer(
         device: i32,
