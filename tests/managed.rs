@@ -248,6 +248,18 @@ fn host_pool_kind_and_memory_kind() {
     assert!(buf.kind().host_accessible());
 }
 
+/// A size limit is kept or refused, never dropped: a pool with `max_size` is a managed pool
+/// (whose driver keeps to the limit) or an error, not the `cudaMallocManaged` fallback.
+#[test]
+fn cuda_pool_with_a_size_limit_is_never_unbounded() {
+    let Some(device) = common::cuda_device() else { return };
+    let options = ManagedPoolOptions { max_size: 1, ..ManagedPoolOptions::default() };
+    match ManagedPool::new(device, options) {
+        Ok(pool) => assert_eq!(pool.kind(), PoolKind::ManagedPool, "a limited pool fell back"),
+        Err(e) => println!("a 1-byte managed pool was refused: {e}"),
+    }
+}
+
 #[test]
 fn cuda_pool_uses_managed_pools_when_supported() {
     let Some(device) = common::cuda_device() else { return };

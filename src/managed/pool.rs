@@ -38,7 +38,8 @@ const INVALID_VALUE: i32 = 1;
 pub struct ManagedPoolOptions {
     /// Make the device the pool's preferred location (false: no preferred location).
     pub prefer_device: bool,
-    /// Most bytes the pool may reserve; 0 leaves the driver's default.
+    /// Most bytes the pool may reserve; 0 leaves the driver's default. Not kept with
+    /// `use_malloc_managed`.
     pub max_size: usize,
     /// Bytes the pool keeps reserved across synchronizations (`u64::MAX`: keep everything,
     /// the fastest for reuse).
@@ -298,8 +299,11 @@ impl ManagedPool {
     ///
     /// # Errors
     ///
-    /// [`Error::Unsupported`] naming `managedMemory` when the device has no managed memory;
-    /// errors of probing the device or creating the pool.
+    /// [`Error::Unsupported`] naming `managedMemory` when the device has no managed memory, or
+    /// when the device or its driver refuses managed pools while `options.max_size` is set
+    /// (without a limit the pool falls back to `cudaMallocManaged`, which cannot keep to one;
+    /// with `use_malloc_managed` the limit is not kept); errors of
+    /// probing the device or creating the pool.
     pub fn new(device: Device, options: ManagedPoolOptions) -> Result<Self> {
         let caps = ManagedCapabilities::probe(device)?;
         let ordinal = match device {
@@ -313,11 +317,29 @@ impl ManagedPool {
                 if !caps.managed_memory {
                     return Err(Error::unsupported(format!("{device} lacks managedMemory")));
                 }
+                if !caps.memory_pools_supported && !options.use_malloc_managed && options.max_size != 0 {
+                    return Err(Error::unsupported(format!(
+                        "{device} lacks memory pools, and cudaMallocManaged cannot keep to a limit of {} \
+                         bytes",
+                        options.max_size
+                    )));
+                }
                 if !caps.memory_pools_supported || options.use_malloc_managed {
                     (PoolKind::MallocManaged, None)
                 } else {
                     match take_or_create_pool(key) {
                         Ok(pool) => (PoolKind::ManagedPool, Some(pool)),
+                        // `cudaMallocManaged` could not keep to a size limit: refusing beats
+                        // an unbounded allocator.
+                        Err(e @ Error::Cuda { code: NOT_SUPPORTED | INVALID_VALUE, .. })
+                            if options.max_size != 0 =>
+                        {
+                            return Err(Error::unsupported(format!(
+                                "{device}: the driver refused a managed pool of at most {} bytes, and \
+                                 cudaMallocManaged cannot keep to a limit ({e})",
+                                options.max_size
+                            )));
+                        }
                         Err(Error::Cuda { code: NOT_SUPPORTED | INVALID_VALUE, .. }) => {
                             (PoolKind::MallocManaged, None)
                         }
