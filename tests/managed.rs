@@ -6,7 +6,8 @@ mod common;
 
 use cuferry::kernels::{fill_pattern_u32, pattern_value, sum_u32};
 use cuferry::managed::{
-    advise_all, prefetch_all, prefetch_each, Advice, Location, ManagedPool, ManagedPoolOptions, PoolKind,
+    advise_all, discard_all, prefetch_all, prefetch_each, Advice, Location, ManagedPool, ManagedPoolOptions,
+    PoolKind,
 };
 use cuferry::{copy, Device, DeviceBuffer, Error, Memory, Stream};
 
@@ -229,7 +230,43 @@ fn stats_snapshots_are_consistent(device: Device) {
     assert!(torn.is_none(), "a snapshot shows more in use than its high-water mark: {torn:?}");
 }
 
+/// Discarding a buffer, or part of one, leaves the bytes around the range intact: the rest of
+/// the buffer, and small neighbours from the same pool (likely on the same page: CUDA may round
+/// a discard out to whole pages, which would wipe them). The discarded range, written again,
+/// holds what was written.
+fn discard_keeps_the_bytes_around_the_range(device: Device) {
+    let pool = pool(device);
+    if !device.is_host() && !pool.capabilities().concurrent_managed_access {
+        println!("SKIP: discard needs concurrentManagedAccess");
+        return;
+    }
+    let stream = Stream::new(device).unwrap();
+    let n = 300; // 1200 bytes: several such buffers share a 4 KiB page
+    let mut bufs: Vec<_> = (0..6).map(|_| pool.alloc::<u32>(n, &stream).unwrap()).collect();
+    for (k, b) in bufs.iter_mut().enumerate() {
+        fill_pattern_u32(&stream, b, k as u32).unwrap();
+    }
+    let sum = |k: usize, range: std::ops::Range<usize>| -> u64 {
+        range.map(|i| u64::from(pattern_value(k as u32, i))).sum()
+    };
+    // The whole of buffer 2, and elements 10..20 of buffer 4.
+    // SAFETY: both ranges are written again below before they are read.
+    let discarded =
+        unsafe { discard_all(&[bufs[2].range(), bufs[4].subrange(10..20).unwrap()], &stream) }.unwrap();
+    assert_eq!(discarded, 4 * (n + 10));
+    for k in [0, 1, 3, 5] {
+        assert_eq!(sum_u32(&stream, &bufs[k]).unwrap(), sum(k, 0..n), "buffer {k}, a neighbour, changed");
+    }
+    let host = bufs[4].as_slice().unwrap();
+    for (i, &v) in host.iter().enumerate().filter(|(i, _)| !(10..20).contains(i)) {
+        assert_eq!(v, pattern_value(4, i), "element {i} of buffer 4, outside the discarded part, changed");
+    }
+    fill_pattern_u32(&stream, &mut bufs[2], 77).unwrap();
+    assert_eq!(sum_u32(&stream, &bufs[2]).unwrap(), sum(77, 0..n), "the discarded buffer, written again");
+}
+
 on_both_backends! {
+    discard_keeps_the_bytes_around_the_range => discard_keeps_the_bytes_around_the_range;
     stats_and_reuse => stats_and_reuse;
     concurrent_threads => concurrent_threads;
     bad_arguments => bad_arguments;
