@@ -1,6 +1,7 @@
 //! `SlotRing::produce`, the pipelined fill from pageable memory, with real threads: items
 //! arrive in order with every piece's bytes checked against its source, for depths 1-8, fill
-//! windows 1..=depth and 1-4 executor threads; a consumer holding every slot at once does not
+//! windows 1..=depth and 1-4 executor threads; a consumer that only queues work on its items
+//! (so host slots come back with their uploads pending) gets every byte; a consumer holding every slot at once does not
 //! deadlock it, nor do two producers sharing a ring and an executor; bad items, a close, a failed submission and a panicking iterator each end it
 //! with a published prefix and no slot lost. Each runs on the host backend and, when a GPU is
 //! present, on CUDA.
@@ -16,7 +17,7 @@ use cuferry::ring::{
     ConsumerSlot, PackExecutor, RingOptions, SlotFill, SlotLayout, SlotMeta, SlotRing, StreamTransferBackend,
     TransferBackend,
 };
-use cuferry::{copy_range, Device, Error, PinnedBuffer, Stream};
+use cuferry::{copy_range, Device, DeviceBuffer, Error, PinnedBuffer, Stream};
 use proptest::prelude::*;
 use ring_common::FlakyBackend;
 
@@ -330,7 +331,51 @@ fn two_producers_share_an_executor(device: Device) {
     assert_eq!(ring.stats().occupancy, 0);
 }
 
+/// A consumer that, like a kernel, only queues its work on each item (a copy, then 2 ms) and
+/// releases it at once: the next upload into that device slot waits for the work, so the
+/// producer finds host slots whose last upload is still pending (on CUDA, the common case) and
+/// must publish its finished fills meanwhile, never refill a host slot before its upload has
+/// run. The copies, read after the last item, hold every item's bytes.
+fn uploads_waiting_for_a_busy_consumer(device: Device) {
+    let (depth, count) = (3, 18);
+    let data = items(count, SLOT);
+    let ring = SlotRing::new(device, RingOptions::new(depth, SLOT)).unwrap();
+    let pool = PackExecutor::new(2).unwrap();
+    let stream = Stream::new(device).unwrap();
+    let copies = std::thread::scope(|s| {
+        let producer = s.spawn(|| ring.produce(&pool, depth, data.iter().map(fill)));
+        let _guard = CloseOnPanic(&ring);
+        let mut copies = Vec::new();
+        for expected in 0..count {
+            let slot = ring.next_timeout(&stream, PATIENCE).expect("deadlocked");
+            assert_eq!(slot.meta().sequence, expected, "FIFO order");
+            let bytes = slot.meta().bytes;
+            let mut out = DeviceBuffer::<u8>::zeroed(&stream, bytes).unwrap();
+            copy_range(&stream, slot.buffer().unwrap(), 0, &mut out, 0, bytes).unwrap();
+            stream.host_fn(|| std::thread::sleep(Duration::from_millis(2))).unwrap();
+            drop(slot); // released behind the copy and the work
+            copies.push(out);
+        }
+        assert_eq!(producer.join().unwrap().unwrap(), count);
+        copies
+    });
+    for (item, out) in data.iter().zip(&copies) {
+        let got = out.to_vec(&stream).unwrap();
+        for (offset, piece) in &item.pieces {
+            let range = *offset..offset + piece.len();
+            assert!(
+                got[range.clone()] == piece[..],
+                "item {}: bytes {range:?} differ (refilled early?)",
+                item.seq
+            );
+        }
+    }
+    let stats = ring.stats();
+    assert_eq!((stats.published, stats.occupancy), (count, 0), "{stats:?}");
+}
+
 on_both_backends! {
+    uploads_waiting_for_a_busy_consumer => uploads_waiting_for_a_busy_consumer;
     streams_every_byte_in_order => streams_every_byte_in_order;
     consumer_holding_every_slot => consumer_holding_every_slot;
     two_producers_share_an_executor => two_producers_share_an_executor;
