@@ -1,9 +1,10 @@
 //! `SlotRing::produce`, the pipelined fill from pageable memory, with real threads: items
 //! arrive in order with every piece's bytes checked against its source, for depths 1-8, fill
 //! windows 1..=depth and 1-4 executor threads; a consumer that only queues work on its items
-//! (so host slots come back with their uploads pending) gets every byte; a consumer holding every slot at once does not
-//! deadlock it, nor do two producers sharing a ring and an executor; bad items, a close, a failed submission and a panicking iterator each end it
-//! with a published prefix and no slot lost. Each runs on the host backend and, when a GPU is
+//! (so host slots come back with their uploads pending) gets every byte; a consumer holding
+//! every slot at once does not deadlock it, nor do two producers sharing a ring and an
+//! executor; bad items, a close, a failed submission and a panicking iterator each end it with
+//! a published prefix and no slot lost. Each runs on the host backend and, when a GPU is
 //! present, on CUDA.
 
 mod common;
