@@ -118,8 +118,7 @@ impl DeviceScope {
         if current == dev {
             return Ok(DeviceScope { restore: None });
         }
-        // SAFETY: a plain value argument.
-        check("cudaSetDevice", unsafe { sys::cuferry_cuda_set_device(dev) })?;
+        make_current(device)?;
         Ok(DeviceScope { restore: Some(current) })
     }
 }
