@@ -24,12 +24,17 @@
 //!   zeroes it and `from_slice_cached` overwrites it; with `uninit_cached` and
 //!   `PinnedBuffer::staging` the caller writes every element before anything reads it (linop's
 //!   transfers copy into the whole buffer).
-//! - The cache holds at most [`MAX_CACHED_BYTES`] and [`MAX_CACHED`] allocations per place: to
+//! - The cache holds at most [`CacheLimits`] per place (by default [`MAX_CACHED_BYTES`] and
+//!   [`MAX_CACHED`] allocations; [`set_cache_limits`] changes them at any time): to
 //!   make room it evicts that place's longest-cached allocations (a working set that changed
 //!   replaces the old one), which the reaper thread frees, so the dropping thread never waits
 //!   in `cudaFree`; an allocation larger than the byte cap by itself is freed. The
 //!   most recently cached allocation of a class is reused first (its lines may still be in a
 //!   CPU cache). Freed allocations, evicted or released, never come back to the cache.
+//!   Lowered limits evict at once what no longer fits; an allocation whose size class is over
+//!   the byte limit when it is made is made exactly as large as asked, and one over the limit
+//!   when it is given back (the limit was lowered meanwhile) is freed. Limits of 0 turn the
+//!   cache off: every allocation is then freed once its work has finished.
 //! - An allocation of cuferry's (a buffer, or a managed pool's) failing for lack of memory
 //!   releases the cache's memory of the kind it draws on (after the reaper's pending frees)
 //!   and is tried once more, so cuferry never mistakes cached memory for memory in use; a
@@ -38,17 +43,36 @@
 //!   cache on request. Allocations are freed outside the cache's lock.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use super::allocation::TrackedAllocation;
 use super::reaper;
 
-/// The most bytes cached per place.
+/// The most bytes cached per place unless [`set_cache_limits`] says otherwise.
 pub const MAX_CACHED_BYTES: usize = 1 << 30;
 
-/// The most allocations cached per place.
+/// The most allocations cached per place unless [`set_cache_limits`] says otherwise.
 pub const MAX_CACHED: usize = 512;
+
+/// How much the process's allocation cache keeps per place (each CUDA device's memory, each
+/// device's pinned memory, and host memory are places of their own). See
+/// [`set_cache_limits`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheLimits {
+    /// The most bytes cached per place (counted by size class). An allocation whose size
+    /// class is larger is never cached: it is made exactly as large as asked.
+    pub bytes_per_place: usize,
+    /// The most allocations cached per place.
+    pub allocations_per_place: usize,
+}
+
+impl Default for CacheLimits {
+    /// [`MAX_CACHED_BYTES`] and [`MAX_CACHED`].
+    fn default() -> Self {
+        CacheLimits { bytes_per_place: MAX_CACHED_BYTES, allocations_per_place: MAX_CACHED }
+    }
+}
 
 /// Sizes up to this are one class (a host allocation takes a page anyway).
 const MIN_CLASS: usize = 4096;
@@ -121,8 +145,40 @@ pub(crate) struct Caps {
 #[derive(Debug)]
 pub(crate) struct Cache {
     shelves: Mutex<Shelves>,
-    caps: Caps,
+    caps: AtomicCaps,
     counts: Counts,
+}
+
+/// A cache's [`Caps`], changeable while the cache is used. They are read without the
+/// shelves' lock where a stale value only decides an allocation's size, and changed, and read
+/// for admission and eviction, under it.
+#[derive(Debug)]
+struct AtomicCaps {
+    count: AtomicUsize,
+    bytes: AtomicUsize,
+}
+
+impl AtomicCaps {
+    fn load(&self) -> Caps {
+        Caps { count: self.count.load(Ordering::Relaxed), bytes: self.bytes.load(Ordering::Relaxed) }
+    }
+}
+
+impl Caps {
+    /// Whether an allocation of size class `class` could ever be cached under these caps.
+    fn admit(self, class: usize) -> bool {
+        class > 0 && class <= self.bytes && self.count > 0
+    }
+
+    /// Whether a place holding `held` is within these caps.
+    fn fit(self, held: Held) -> bool {
+        held.count <= self.count && held.bytes <= self.bytes
+    }
+
+    /// Whether a place holding `held` has room for one more allocation of `class` bytes.
+    fn room(self, held: Held, class: usize) -> bool {
+        held.count < self.count && held.bytes.saturating_add(class) <= self.bytes
+    }
 }
 
 /// What a cache's allocations were served by (see [`CacheStats`]).
@@ -170,6 +226,7 @@ pub(crate) fn global() -> &'static Cache {
 impl Cache {
     /// An empty cache holding at most `caps` per place.
     pub(crate) fn new(caps: Caps) -> Cache {
+        let caps = AtomicCaps { count: AtomicUsize::new(caps.count), bytes: AtomicUsize::new(caps.bytes) };
         Cache { shelves: Mutex::default(), caps, counts: Counts::default() }
     }
 
@@ -216,16 +273,16 @@ impl Cache {
     ) -> Result<(), TrackedAllocation> {
         let Some(place) = alloc.place().filter(|_| alloc.is_recycled()) else { return Err(alloc) };
         let class = alloc.capacity();
-        if size_class(class) != class || !self.admits(class) {
+        if size_class(class) != class {
+            return Err(alloc);
+        }
+        let mut shelves = self.lock();
+        let caps = self.caps.load();
+        if !caps.admit(class) {
             return Err(alloc);
         }
         alloc.forget_uses();
-        let mut shelves = self.lock();
-        loop {
-            let held = shelves.held.get(&place).copied().unwrap_or_default();
-            if held.count < self.caps.count && held.bytes + class <= self.caps.bytes {
-                break;
-            }
+        while !caps.room(shelves.held.get(&place).copied().unwrap_or_default(), class) {
             match shelves.pop_oldest(place) {
                 Some(old) => evicted.push(old.uncached()),
                 None => break,
@@ -265,9 +322,29 @@ impl Cache {
         self.lock().free.get(&(place, class)).map_or(0, Vec::len)
     }
 
-    /// Whether an allocation of size class `class` could ever be cached here.
+    /// Whether an allocation of size class `class` could be cached here under the present
+    /// caps.
     pub(crate) fn admits(&self, class: usize) -> bool {
-        class > 0 && class <= self.caps.bytes && self.caps.count > 0
+        self.caps.load().admit(class)
+    }
+
+    /// Sets the caps and evicts, oldest first, what no longer fits (pushed onto `evicted`, to
+    /// be freed outside the lock); returns the former caps.
+    fn set_caps(&self, caps: Caps, evicted: &mut Vec<TrackedAllocation>) -> Caps {
+        let mut shelves = self.lock();
+        let former = self.caps.load();
+        self.caps.count.store(caps.count, Ordering::Relaxed);
+        self.caps.bytes.store(caps.bytes, Ordering::Relaxed);
+        let places: Vec<Place> = shelves.held.keys().copied().collect();
+        for place in places {
+            while !caps.fit(shelves.held.get(&place).copied().unwrap_or_default()) {
+                match shelves.pop_oldest(place) {
+                    Some(old) => evicted.push(old.uncached()),
+                    None => break,
+                }
+            }
+        }
+        former
     }
 
     /// Counts an allocation this cache served, by what served it.
@@ -355,9 +432,52 @@ pub fn cache_stats() -> CacheStats {
     global().stats()
 }
 
+/// How much the process's allocation cache keeps per place at present (see
+/// [`set_cache_limits`]).
+pub fn cache_limits() -> CacheLimits {
+    let caps = global().caps.load();
+    CacheLimits { bytes_per_place: caps.bytes, allocations_per_place: caps.count }
+}
+
+/// Sets how much the process's allocation cache (the memory linop's arrays give up, kept for
+/// their successors; see [`release_cached_memory`]) keeps per place, and returns the former
+/// limits.
+///
+/// The default, [`CacheLimits::default`], keeps up to 1 GiB and 512 allocations per device.
+/// A loop of `apply` whose temporaries add up to more than the byte limit on one device
+/// evicts part of its working set on every call, and on CUDA pays a `cudaMalloc` and a
+/// `cudaFree` for each eviction: raise the limit to its working set, or lower it to leave
+/// memory to other allocators. Lowered limits take effect at once: the longest-cached
+/// allocations that no longer fit are freed (by cuferry's reaper thread, so this call does not
+/// wait for them). Limits of 0 bytes or 0 allocations turn caching off.
+///
+/// # Examples
+///
+/// ```
+/// use cuferry::linop::Array;
+/// use cuferry::memory::{cached_memory_bytes, set_cache_limits, CacheLimits};
+/// use cuferry::{Device, DeviceSpec};
+///
+/// let spec = DeviceSpec::new(Device::Host)?;
+/// let former = set_cache_limits(CacheLimits { bytes_per_place: 0, allocations_per_place: 0 });
+/// let x = Array::<f64>::zeros(&spec, &[1024])?;
+/// x.synchronize()?;
+/// drop(x); // freed, not cached
+/// assert_eq!(cached_memory_bytes(), 0);
+/// set_cache_limits(former);
+/// # Ok::<(), cuferry::Error>(())
+/// ```
+pub fn set_cache_limits(limits: CacheLimits) -> CacheLimits {
+    let mut evicted = Vec::new();
+    let former = global()
+        .set_caps(Caps { count: limits.allocations_per_place, bytes: limits.bytes_per_place }, &mut evicted);
+    reaper::free_later(evicted);
+    CacheLimits { bytes_per_place: former.bytes, allocations_per_place: former.count }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
-    use super::{global, size_class, Cache, Caps, Place, MAX_CACHED_BYTES, MIN_CLASS};
+    use super::{global, size_class, Cache, Caps, Place, MAX_CACHED, MAX_CACHED_BYTES, MIN_CLASS};
     use crate::copy::copy;
     use crate::memory::allocation::TrackedAllocation;
     use crate::memory::reaper;
@@ -458,6 +578,68 @@ pub(crate) mod tests {
             in_global[1],
             "a released allocation was cached again"
         );
+    }
+
+    /// Lowered caps evict at once, oldest first, what no longer fits; caps of 0 refuse every
+    /// allocation and make new ones exactly as large as asked; raised caps take them again.
+    #[test]
+    fn lowered_caps_evict_at_once_and_zero_caps_turn_caching_off() {
+        let cache = Cache::new(Caps { count: 8, bytes: 8 * ODD_CLASS });
+        let make = |cache: &Cache| TrackedAllocation::cached_in(cache, Place::Host, ODD_LEN).unwrap().0;
+        let allocs = [0, 1, 2, 3].map(|_| make(&cache));
+        let ptrs = allocs.each_ref().map(TrackedAllocation::ptr);
+        for alloc in allocs {
+            drop_into(&cache, alloc);
+        }
+        let mut evicted = Vec::new();
+        let former = cache.set_caps(Caps { count: 8, bytes: 2 * ODD_CLASS + 1 }, &mut evicted);
+        assert_eq!((former.count, former.bytes), (8, 8 * ODD_CLASS));
+        assert_eq!(
+            evicted.iter().map(TrackedAllocation::ptr).collect::<Vec<_>>(),
+            ptrs[..2],
+            "not the oldest"
+        );
+        assert_eq!(cache.held_bytes(), 2 * ODD_CLASS, "the byte cap was not applied at once");
+        cache.set_caps(Caps { count: 1, bytes: 8 * ODD_CLASS }, &mut evicted);
+        assert_eq!(evicted.len(), 3, "the count cap was not applied at once");
+        assert_eq!(cache.count_of(Place::Host, ODD_CLASS), 1);
+        cache.set_caps(Caps { count: 0, bytes: 8 * ODD_CLASS }, &mut evicted);
+        assert_eq!((evicted.len(), cache.held_bytes()), (4, 0), "zero caps kept an allocation");
+        drop(evicted);
+        let exact = make(&cache);
+        assert_eq!(
+            (exact.capacity(), exact.is_recycled()),
+            (ODD_LEN, false),
+            "sized for a cache that is off"
+        );
+        assert!(cache.give(exact).is_err());
+        // Made under the old caps, given back under caps of 0 bytes: refused.
+        cache.set_caps(Caps { count: 8, bytes: 8 * ODD_CLASS }, &mut Vec::new());
+        let made_before = make(&cache);
+        cache.set_caps(Caps { count: 8, bytes: 0 }, &mut Vec::new());
+        assert!(cache.give(made_before).is_err(), "taken past a byte cap of 0");
+        cache.set_caps(Caps { count: 8, bytes: 8 * ODD_CLASS }, &mut Vec::new());
+        drop_into(&cache, make(&cache));
+        assert_eq!(cache.release(), ODD_CLASS);
+    }
+
+    /// `set_cache_limits` changes the process's cache: it returns the former limits, and
+    /// memory it no longer fits leaves the cache.
+    #[test]
+    fn set_cache_limits_evicts_from_the_process_cache() {
+        let _serial = global_cache_lock();
+        let staging = PinnedBuffer::<u8>::staging(Device::Host, ODD_LEN).unwrap();
+        drop(staging);
+        assert!(global().count_of(Place::Host, ODD_CLASS) >= 1);
+        let small = super::CacheLimits { bytes_per_place: ODD_CLASS - 1, allocations_per_place: MAX_CACHED };
+        let former = super::set_cache_limits(small);
+        assert_eq!(former, super::CacheLimits::default());
+        assert_eq!(super::cache_limits(), small);
+        assert_eq!(global().count_of(Place::Host, ODD_CLASS), 0, "the lowered limit kept the memory");
+        let again = PinnedBuffer::<u8>::staging(Device::Host, ODD_LEN).unwrap();
+        drop(again);
+        assert_eq!(global().count_of(Place::Host, ODD_CLASS), 0, "cached past the limit");
+        assert_eq!(super::set_cache_limits(former), small);
     }
 
     /// Serialises the tests that use the process's cache with those that release it (by an

@@ -11,7 +11,8 @@
 //!   queued work by a background thread, so that dropping an intermediate does not block
 //!   while fewer than 1024 frees (4 GiB) wait; see the reaper's rules in `memory/reaper.rs`.
 //!   Once its work has finished, their memory is kept in a cache for the next array of the
-//!   same device and size class instead of being freed: see [`release_cached_memory`].)
+//!   same device and size class instead of being freed: see [`release_cached_memory`] and
+//!   [`set_cache_limits`].)
 //! - Host access to pinned or registered memory goes through `as_slice`/`as_mut_slice`, which
 //!   synchronise first; a queued write needs `&mut`, so the borrow checker rules out a host
 //!   read racing a copy into the same buffer.
@@ -52,7 +53,8 @@ pub(crate) mod tracker;
 use crate::device::Device;
 use crate::error::{Error, Result};
 pub use cache::{
-    cache_stats, cached_memory_bytes, release_cached_memory, CacheStats, MAX_CACHED, MAX_CACHED_BYTES,
+    cache_limits, cache_stats, cached_memory_bytes, release_cached_memory, set_cache_limits, CacheLimits,
+    CacheStats, MAX_CACHED, MAX_CACHED_BYTES,
 };
 pub use device::DeviceBuffer;
 pub use pinned::{PinnedBuffer, PinnedOptions};
