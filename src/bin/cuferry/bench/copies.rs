@@ -5,10 +5,14 @@
 //! pinned copy of the same direction in the same run. The latency of small copies (64 KiB and
 //! less) is wall clock for every kind, from the call to the copy's completion seen by the host
 //! (for asynchronous copies: queue, then synchronize), so its rows compare with each other.
+//! GB/s count each byte once (the payload); a D2D copy moves twice that through device memory
+//! (read + write), the convention of the ceiling in ARCHITECTURE.md. On CUDA the D2D and peer
+//! copies are timed each behind an L2 flush, queued so that the interval holds the copy alone:
+//! copied again and again, sizes up to about 16 MiB would otherwise run from the 50 MB L2.
 
 use cuferry::{copy_range, Device, DeviceBuffer, PinnedBuffer, Result, Stream};
 
-use super::measure::{gbps, median_device_secs, median_secs};
+use super::measure::{gbps, median_device_secs, median_device_secs_queued, median_secs, L2Flush};
 use super::report::Row;
 
 const KIB: usize = 1 << 10;
@@ -50,6 +54,7 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
     let mut dev = DeviceBuffer::<u8>::zeroed(&stream, largest)?;
     let mut dev2 = DeviceBuffer::<u8>::zeroed(&stream, largest)?;
     let mut far = DeviceBuffer::<u8>::zeroed(&peer_stream, largest)?;
+    let mut flusher = L2Flush::new(&stream)?;
     // (case, bytes, seconds for the bandwidth, wall seconds to completion for small copies)
     let mut results: Vec<(&'static str, usize, f64, Option<f64>)> = Vec::new();
     for &bytes in &sizes {
@@ -80,11 +85,19 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
         results.push(("D2H pinned", bytes, s, w));
         let s = median_secs(n, || dev.copy_to_slice_at(&stream, 0, &mut pageable[..bytes]))?;
         results.push(("D2H pageable", bytes, s, small.then_some(s)));
-        let (s, w) =
+        // Device to device: from a cold L2 (see the module's rules).
+        let mut flush = || flusher.as_mut().map_or(Ok(()), |f| f.queue(&stream));
+        let (_, w) =
             timed_async(&stream, &mut || copy_range(&stream, &dev, 0, &mut dev2, 0, bytes).map(drop))?;
+        let s = median_device_secs_queued(&stream, n, &mut flush, || {
+            copy_range(&stream, &dev, 0, &mut dev2, 0, bytes).map(drop)
+        })?;
         results.push(("D2D", bytes, s, w));
-        let (s, w) =
+        let (_, w) =
             timed_async(&stream, &mut || copy_range(&stream, &dev, 0, &mut far, 0, bytes).map(drop))?;
+        let s = median_device_secs_queued(&stream, n, &mut flush, || {
+            copy_range(&stream, &dev, 0, &mut far, 0, bytes).map(drop)
+        })?;
         results.push(("peer", bytes, s, w));
     }
     let ceiling = |case: &str| -> Option<(String, f64)> {
@@ -101,7 +114,12 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
             .map(|(_, b, s, _)| (format!("{base} {} MiB", b >> 20), gbps(*b, *s)))
     };
     for (case, bytes, secs, wall) in &results {
-        let params = if *case == "peer" { format!("{device} -> {peer}") } else { String::new() };
+        let params = match *case {
+            "peer" if device.is_host() => format!("{device} -> {peer}"),
+            "peer" => format!("{device} -> {peer}, cold L2"),
+            "D2D" if !device.is_host() => "cold L2; device memory moves 2x (read + write)".into(),
+            _ => String::new(),
+        };
         let mut row = Row {
             section: "copy",
             case: (*case).into(),

@@ -35,8 +35,26 @@ pub fn median_device_secs(stream: &Stream, repeats: usize, op: impl FnMut() -> R
 pub fn median_device_secs_after(
     stream: &Stream,
     repeats: usize,
+    before: impl FnMut() -> Result<()>,
+    op: impl FnMut() -> Result<()>,
+) -> Result<f64> {
+    median_event_secs(stream, repeats, before, op, BeforeRun::Waited)
+}
+
+/// Whether a timed run waits for the work queued ahead of it before its start event.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum BeforeRun {
+    Waited,
+    Queued,
+}
+
+/// The median of `repeats` event-timed runs of `op`, each behind `before`, after one warm-up.
+fn median_event_secs(
+    stream: &Stream,
+    repeats: usize,
     mut before: impl FnMut() -> Result<()>,
     mut op: impl FnMut() -> Result<()>,
+    mode: BeforeRun,
 ) -> Result<f64> {
     let (start, end) = (Event::with_timing(stream.device())?, Event::with_timing(stream.device())?);
     before()?;
@@ -45,7 +63,9 @@ pub fn median_device_secs_after(
     let mut times = Vec::with_capacity(repeats);
     for _ in 0..repeats.max(1) {
         before()?;
-        stream.synchronize()?;
+        if mode == BeforeRun::Waited {
+            stream.synchronize()?;
+        }
         start.record(stream)?;
         op()?;
         end.record(stream)?;
@@ -54,6 +74,23 @@ pub fn median_device_secs_after(
     }
     times.sort_by(f64::total_cmp);
     Ok(times[times.len() / 2])
+}
+
+/// As [`median_device_secs_after`], but each run's start event is recorded right behind
+/// `before` (an [`L2Flush`], about 90 us of device work on an H100), without waiting for it:
+/// the host queues `op` while the device still flushes, so the interval holds `op`'s device
+/// time alone, not the host's submission and launch latency. The rate of a kernel against a
+/// copy is taken this way (a single-launch op's fixed costs would otherwise weigh as much as
+/// several microseconds of its transfer); call-to-completion comparisons, where launch gaps
+/// are the point (the seed's many launches), use [`median_device_secs_after`]. With a
+/// `before` that queues nothing (the host backend) both are the same.
+pub fn median_device_secs_queued(
+    stream: &Stream,
+    repeats: usize,
+    before: impl FnMut() -> Result<()>,
+    op: impl FnMut() -> Result<()>,
+) -> Result<f64> {
+    median_event_secs(stream, repeats, before, op, BeforeRun::Queued)
 }
 
 /// Bytes an [`L2Flush`] reads and writes: more than twice the L2 of any Hopper part (50-60 MB).

@@ -1,5 +1,6 @@
 //! `--plot FILE.svg`: payload bandwidth against size, one line per case and parameters, with
-//! each ceiling drawn as a dashed level.
+//! each ceiling drawn as a dashed level (a per-case ceiling, the halo's same-bytes copy, once
+//! per case). Rows in microseconds are left out.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -10,17 +11,22 @@ use super::report::Row;
 
 /// Draws the rows into an SVG file.
 pub fn draw(path: &Path, title: &str, rows: &[Row]) -> Result<(), String> {
+    // Rows in microseconds (allocation costs) have no place on a GB/s axis.
+    let rows: Vec<&Row> = rows.iter().filter(|r| r.unit == "GB/s").collect();
     let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
-    for r in rows {
+    for r in &rows {
         series
             .entry(format!("{} {} {}", r.section, r.case, r.params))
             .or_default()
             .push((r.bytes as f64, r.value));
     }
     let mut ceilings: BTreeMap<String, f64> = BTreeMap::new();
-    for r in rows.iter().filter(|r| r.unit == "GB/s") {
+    for r in &rows {
         if let Some((name, v)) = &r.ceiling {
-            ceilings.insert(name.clone(), *v);
+            // A ceiling measured per case (the halo's same-bytes copy) is that case's own; one
+            // shared by a sweep (the largest pinned copy) is named the same in every row.
+            let key = if r.section == "halo" { format!("{name}, {}", r.case) } else { name.clone() };
+            ceilings.insert(key, *v);
         }
     }
     let (min_x, max_x) =
