@@ -218,6 +218,51 @@ fn ring_links(me: i32, size: i32, wide_from_east: bool) -> (Vec<HaloLink>, Vec<H
     (sends, recvs)
 }
 
+/// The ring's data on `size` ranks: every rank's halo columns hold its neighbours' edge
+/// columns after each of three steps, also where one rank is both neighbours (2 ranks) or its
+/// own (1 rank), so that the two messages to one peer are told apart by their tags alone.
+fn periodic_ring_delivers_the_neighbours_columns() {
+    let universe = mpi::initialize().expect("MPI initialises once");
+    let world = universe.world();
+    let (me, size) = (world.rank(), world.size());
+    let (sends, mut recvs) = ring_links(me, size, false);
+    // Receives listed in the other order than their sends: only the tags can pair them.
+    recvs.reverse();
+    let mut comm = HaloCommunicator::new(&world, sends, recvs, ExchangeOptions::default()).unwrap();
+    let stream = Stream::new(Device::Host).unwrap();
+    let value =
+        |rank: i32, step: i32, y: usize, x: usize| f64::from(rank * 1000 + step * 100) + (y * 6 + x) as f64;
+    let (left, right) = ((me + size - 1) % size, (me + 1) % size);
+    for step in 0..3 {
+        let data: Vec<f64> = (0..24).map(|i| value(me, step, i / 6, i % 6)).collect();
+        let a = DeviceBuffer::from_slice(&stream, &data).unwrap();
+        comm.exchange(&[&a], None).unwrap();
+        let got = a.to_vec(&stream).unwrap();
+        for y in 0..4 {
+            assert_eq!(got[y * 6], value(left, step, y, 4), "rank {me} step {step}: column 0, row {y}");
+            assert_eq!(got[y * 6 + 5], value(right, step, y, 1), "rank {me} step {step}: column 5, row {y}");
+            for x in 1..5 {
+                assert_eq!(got[y * 6 + x], value(me, step, y, x), "rank {me}: inner ({y}, {x}) changed");
+            }
+        }
+    }
+    world.barrier();
+}
+
+#[test]
+fn periodic_ring_on_one_rank() {
+    if mpi_common::ranks("periodic_ring_on_one_rank", 1) {
+        periodic_ring_delivers_the_neighbours_columns();
+    }
+}
+
+#[test]
+fn periodic_ring_on_two_ranks() {
+    if mpi_common::ranks("periodic_ring_on_two_ranks", 2) {
+        periodic_ring_delivers_the_neighbours_columns();
+    }
+}
+
 #[test]
 fn a_rank_failing_mid_exchange_is_reported_to_every_rank() {
     if !mpi_common::ranks("a_rank_failing_mid_exchange_is_reported_to_every_rank", 4) {
@@ -396,8 +441,9 @@ fn bad_links_fail_on_every_rank() {
         }
         _ => assert!(matches!(r, Err(Error::PeerFailed { rank: 0, .. })), "{r:?}"),
     }
-    // Messages to self of two sizes (MPI may deliver the longer one cut short), and a receive
-    // from self that no send feeds: rejected when the links are built.
+    // Messages to self of two sizes (MPI may deliver the longer one cut short), a receive from
+    // self that no send feeds, and a send to self that no receive takes: rejected when the
+    // links are built.
     let wide = HaloExchange::new(&spec, &[0..4, 3..5], 0, &[0..4, 0..2]).unwrap();
     let wide_packer = || host_packer(&wide);
     let r = HaloCommunicator::new(
@@ -409,6 +455,9 @@ fn bad_links_fail_on_every_rank() {
     assert!(matches!(&r, Err(Error::InvalidArgument { what }) if what.contains("sends itself")), "{r:?}");
     let r = HaloCommunicator::new(&world, vec![], vec![HaloLink::new(me, 2, 0, packer())], opts);
     assert!(matches!(&r, Err(Error::InvalidArgument { what }) if what.contains("itself nothing")), "{r:?}");
+    // A send to self that no receive takes: it would never be delivered.
+    let r = HaloCommunicator::new(&world, vec![HaloLink::new(me, 2, 0, packer())], vec![], opts);
+    assert!(matches!(&r, Err(Error::InvalidArgument { what }) if what.contains("receives nothing")), "{r:?}");
     // A tile that is not passed, and arrays that do not fit the packer: the rank's exchange
     // fails and tells its peer.
     let peer = 1 - me;

@@ -27,8 +27,9 @@
 //!   rank that fails before calling it (building its packers, say) leaves the others blocked
 //!   in it, as with any MPI collective. Build what can fail first, then call `new` everywhere.
 //! - A message longer than its receive is an error ([`Error::Mpi`] from `MPI_Test`), never an
-//!   abort; messages to self are checked for size when the links are built, because MPI may
-//!   deliver a longer one cut short.
+//!   abort; messages to self are checked when the links are built, because MPI may deliver a
+//!   longer one cut short and would never deliver one that no receive takes: each send to self
+//!   needs a receive from self with its tag and size, and the reverse.
 //! - Tags are `0..MAX_TAG` (MPI guarantees at least 32767); a (peer, tag) pair names one
 //!   message per direction, so it may appear once among the sends and once among the receives.
 
@@ -64,7 +65,8 @@ pub enum Staging {
 }
 
 /// Whether the MPI library says it handles CUDA device pointers (`MPIX_Query_cuda_support`);
-/// `false` when it does not say (the symbol is absent, as in Debian's Open MPI).
+/// `false` when it says no (Open MPI built without CUDA, as Debian's 4.1 is, answers 0) or does
+/// not say (the symbol is absent).
 pub fn cuda_aware_mpi() -> bool {
     raw::query_cuda_support().unwrap_or(false)
 }
@@ -286,6 +288,17 @@ impl HaloCommunicator {
                     )))
                 }
             }
+        }
+        // And a message to self that no receive takes would never be delivered: the exchange
+        // would report success (a short send completes at once) or wait out its deadline.
+        if let Some(s) =
+            sends.iter().find(|s| s.peer == me && !recvs.iter().any(|r| r.peer == me && r.tag == s.tag))
+        {
+            return Err(Error::invalid(format!(
+                "this rank sends itself {} bytes with tag {} but receives nothing from itself with it",
+                s.packer.buffer_bytes(),
+                s.tag
+            )));
         }
         Ok(())
     }

@@ -16,8 +16,10 @@
 //!   finalised (before rsmpi's `Universe`).
 //! - Calls that involve other ranks are collective over the ranks concerned, and never hang
 //!   on a failure that a rank can report: a failing rank tells the others, which return
-//!   [`Error::PeerFailed`](crate::Error::PeerFailed); point-to-point waits also have a
-//!   deadline ([`Error::Timeout`](crate::Error::Timeout)).
+//!   [`Error::PeerFailed`](crate::Error::PeerFailed); the halo exchange's point-to-point waits
+//!   also have a deadline ([`Error::Timeout`](crate::Error::Timeout)). The distributed
+//!   operator's scatter uses blocking sends and receives, posted only after every rank agreed
+//!   that its part can go ahead.
 //! - MPI is called from the thread that calls these objects only (MPI's `THREAD_SINGLE` or
 //!   `FUNNELED` suffices).
 //!
