@@ -503,10 +503,14 @@ impl HaloCommunicator {
             // Best effort: a peer that is gone cannot be told.
             let _ = raw::send_and_forget(notice, p, ABORT_TAG, comm);
         }
+        self.drop_requests();
+    }
+
+    /// Cancels and frees every request (their `Drop`); when one may still have been in
+    /// flight, leaks every link's buffers, which MPI may still read or write.
+    fn drop_requests(&mut self) {
         let in_flight = self.sends.iter().chain(&self.recvs).any(LinkState::pending);
         if in_flight {
-            // Cancel and free the requests (their Drop), then leak the buffers: MPI may still
-            // read or write them.
             let mut links: Vec<LinkState> = self.sends.drain(..).chain(self.recvs.drain(..)).collect();
             for s in &mut links {
                 s.request = None;
@@ -517,6 +521,14 @@ impl HaloCommunicator {
                 s.request = None;
             }
         }
+    }
+}
+
+impl Drop for HaloCommunicator {
+    /// Requests are pending here only when a panic unwound out of an exchange: their buffers
+    /// are then leaked, as a failure leaks them, rather than freed under MPI.
+    fn drop(&mut self) {
+        self.drop_requests();
     }
 }
 
