@@ -91,18 +91,23 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
     let up = ToDevice::new(base.clone(), target.clone(), Dims::new(&[("b", rows), ("i", I)])?);
     let down = ToDevice::new(target.clone(), base.clone(), Dims::new(&[("b", rows), ("o", O)])?);
     let (mut t_in, mut t_compute, mut t_out) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..repeats + 1 {
+    // Round 0 warms up (first allocations, module load): not timed.
+    for round in 0..repeats + 1 {
         let t = Instant::now();
         let on = up.apply(&tile_x)?;
         on.synchronize()?;
-        t_in.push(t.elapsed().as_secs_f64());
+        let secs_in = t.elapsed().as_secs_f64();
         let t = Instant::now();
         let y = tile_op.apply(&on)?;
         y.synchronize()?;
-        t_compute.push(t.elapsed().as_secs_f64());
+        let secs_compute = t.elapsed().as_secs_f64();
         let t = Instant::now();
         down.apply(&y)?.synchronize()?;
-        t_out.push(t.elapsed().as_secs_f64());
+        if round > 0 {
+            t_in.push(secs_in);
+            t_compute.push(secs_compute);
+            t_out.push(t.elapsed().as_secs_f64());
+        }
     }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
