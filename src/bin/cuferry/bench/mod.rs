@@ -6,6 +6,7 @@
 //! - Ratios are only ever taken between figures of one run (ARCHITECTURE's rule); absolute
 //!   figures are reported with the device named.
 //! - Without a GPU the same sections run on the host backend, against memcpy.
+//! - Each section's table, and the JSON of every row so far, are written as the section ends.
 
 mod copies;
 mod halo;
@@ -70,7 +71,7 @@ fn parse_device(text: &str) -> Result<Device, String> {
     }
 }
 
-/// Runs the chosen sections and prints the table.
+/// Runs the chosen sections, printing each one's table as it ends.
 pub fn run(args: &BenchArgs) -> ExitCode {
     let device = match parse_device(&args.device) {
         Ok(d) => d,
@@ -103,19 +104,23 @@ pub fn run(args: &BenchArgs) -> ExitCode {
             Section::Halo => halo::run(device, args.quick),
             Section::Linop => linop::run(device, args.quick),
         };
+        // Each section's table and the JSON so far are out as soon as the section ends: a run
+        // cut short (a time limit on a lent GPU) keeps what it measured.
         match result {
-            Ok(mut r) => rows.append(&mut r),
+            Ok(r) => {
+                println!("{}", report::table(&r));
+                rows.extend(r);
+            }
             Err(e) => {
                 eprintln!("cuferry bench: section {section:?} failed: {e}");
                 failed = true;
             }
         }
-    }
-    println!("{}", report::table(&rows));
-    if let Some(path) = &args.json {
-        if let Err(e) = report::write_json(path, &device_name, &rows) {
-            eprintln!("cuferry bench: cannot write {}: {e}", path.display());
-            failed = true;
+        if let Some(path) = &args.json {
+            if let Err(e) = report::write_json(path, &device_name, &rows) {
+                eprintln!("cuferry bench: cannot write {}: {e}", path.display());
+                failed = true;
+            }
         }
     }
     if let Some(path) = &args.plot {
