@@ -207,8 +207,11 @@ impl HaloCommunicator {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] for a peer outside the communicator, a tag outside
-    /// `0..MAX_TAG`, a (peer, tag) pair used twice in one direction; [`Error::Mpi`] and
-    /// allocation errors of the staging buffers.
+    /// `0..MAX_TAG`, a (peer, tag) pair used twice in one direction, a message to self without
+    /// its receive (or a receive from self without its send, or of another size); [`Error::Mpi`]
+    /// and allocation errors of the staging buffers. A link whose message is longer than
+    /// `i32::MAX` bytes is accepted here and fails the first exchange on both ends (an MPI
+    /// count is an `int`).
     pub fn new(
         comm: &impl Communicator,
         sends: Vec<HaloLink>,
