@@ -273,15 +273,18 @@ impl Cache {
     ) -> Result<(), TrackedAllocation> {
         let Some(place) = alloc.place().filter(|_| alloc.is_recycled()) else { return Err(alloc) };
         let class = alloc.capacity();
-        if size_class(class) != class {
+        if size_class(class) != class || !self.admits(class) {
             return Err(alloc);
         }
+        // Outside the lock: dropping the last handle of a stream may wait for its worker.
+        alloc.forget_uses();
         let mut shelves = self.lock();
+        // Again under the lock, which `set_caps` changes them under.
         let caps = self.caps.load();
         if !caps.admit(class) {
+            drop(shelves);
             return Err(alloc);
         }
-        alloc.forget_uses();
         while !caps.room(shelves.held.get(&place).copied().unwrap_or_default(), class) {
             match shelves.pop_oldest(place) {
                 Some(old) => evicted.push(old.uncached()),
