@@ -85,20 +85,22 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
         results.push(("D2H pinned", bytes, s, w));
         let s = median_secs(n, || dev.copy_to_slice_at(&stream, 0, &mut pageable[..bytes]))?;
         results.push(("D2H pageable", bytes, s, small.then_some(s)));
-        // Device to device: from a cold L2 (see the module's rules).
+        // Device to device: event time from a cold L2 (see the module's rules), and for small
+        // copies the wall time of queue + synchronize.
         let mut flush = || flusher.as_mut().map_or(Ok(()), |f| f.queue(&stream));
-        let (_, w) =
-            timed_async(&stream, &mut || copy_range(&stream, &dev, 0, &mut dev2, 0, bytes).map(drop))?;
-        let s = median_device_secs_queued(&stream, n, &mut flush, || {
-            copy_range(&stream, &dev, 0, &mut dev2, 0, bytes).map(drop)
-        })?;
-        results.push(("D2D", bytes, s, w));
-        let (_, w) =
-            timed_async(&stream, &mut || copy_range(&stream, &dev, 0, &mut far, 0, bytes).map(drop))?;
-        let s = median_device_secs_queued(&stream, n, &mut flush, || {
-            copy_range(&stream, &dev, 0, &mut far, 0, bytes).map(drop)
-        })?;
-        results.push(("peer", bytes, s, w));
+        for (case, to) in [("D2D", &mut dev2), ("peer", &mut far)] {
+            let mut op = || copy_range(&stream, &dev, 0, &mut *to, 0, bytes).map(drop);
+            let s = median_device_secs_queued(&stream, n, &mut flush, &mut op)?;
+            let w = if small {
+                Some(median_secs(n, || {
+                    op()?;
+                    stream.synchronize()
+                })?)
+            } else {
+                None
+            };
+            results.push((case, bytes, s, w));
+        }
     }
     let ceiling = |case: &str| -> Option<(String, f64)> {
         let base = if case.starts_with("H2D") {
