@@ -276,7 +276,9 @@ impl Cache {
         if size_class(class) != class || !self.admits(class) {
             return Err(alloc);
         }
-        // Outside the lock: dropping the last handle of a stream may wait for its worker.
+        // Outside the lock: forgetting drops the uses' event and stream handles, which may be
+        // their last (a `cudaEventDestroy` or `cudaStreamDestroy`), calls every take and give
+        // would otherwise wait behind.
         alloc.forget_uses();
         let mut shelves = self.lock();
         // Again under the lock, which `set_caps` changes them under.
@@ -329,6 +331,13 @@ impl Cache {
     /// caps.
     pub(crate) fn admits(&self, class: usize) -> bool {
         self.caps.load().admit(class)
+    }
+
+    /// The caps as last set: read under the lock they are set under, so never one of a pair
+    /// with the other of another.
+    fn caps(&self) -> Caps {
+        let _shelves = self.lock();
+        self.caps.load()
     }
 
     /// Sets the caps and evicts, oldest first, what no longer fits (pushed onto `evicted`, to
@@ -438,7 +447,7 @@ pub fn cache_stats() -> CacheStats {
 /// How much the process's allocation cache keeps per place at present (see
 /// [`set_cache_limits`]).
 pub fn cache_limits() -> CacheLimits {
-    let caps = global().caps.load();
+    let caps = global().caps();
     CacheLimits { bytes_per_place: caps.bytes, allocations_per_place: caps.count }
 }
 
@@ -643,6 +652,34 @@ pub(crate) mod tests {
         drop(again);
         assert_eq!(global().count_of(Place::Host, ODD_CLASS), 0, "cached past the limit");
         assert_eq!(super::set_cache_limits(former), small);
+    }
+
+    /// `cache_limits` never reports a pair of limits nobody set (one limit of one call with
+    /// the other of another) while `set_cache_limits` runs on another thread.
+    #[test]
+    fn cache_limits_never_reports_a_pair_never_set() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let _serial = global_cache_lock();
+        let a = super::CacheLimits { bytes_per_place: 1 << 20, allocations_per_place: 1 };
+        let b = super::CacheLimits { bytes_per_place: 2 << 20, allocations_per_place: 2 };
+        let former = super::set_cache_limits(a);
+        let stop = AtomicBool::new(false);
+        let mut reads = 0u64;
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                for i in 0..100_000 {
+                    super::set_cache_limits(if i % 2 == 0 { b } else { a });
+                }
+                stop.store(true, Ordering::SeqCst);
+            });
+            while !stop.load(Ordering::SeqCst) {
+                let seen = super::cache_limits();
+                reads += 1;
+                assert!(seen == a || seen == b, "read {seen:?}, set were {a:?} and {b:?}");
+            }
+        });
+        super::set_cache_limits(former);
+        assert!(reads > 0);
     }
 
     /// Serialises the tests that use the process's cache with those that release it (by an
