@@ -42,6 +42,12 @@ cuferry_status cuferry_cuda_device_get_l2_fetch_granularity(int32_t device, size
 cuferry_status cuferry_cuda_device_set_l2_fetch_granularity(int32_t device, size_t bytes) {
   (void)device; (void)bytes; NB;
 }
+cuferry_status cuferry_cuda_device_get_host_wait(int32_t device, uint32_t *schedule) {
+  (void)device; (void)schedule; NB;
+}
+cuferry_status cuferry_cuda_device_set_host_wait(int32_t device, uint32_t schedule) {
+  (void)device; (void)schedule; NB;
+}
 cuferry_status cuferry_cuda_stream_create(int32_t device, int32_t priority, cuferry_stream *stream) {
   (void)device; (void)priority; (void)stream; NB;
 }

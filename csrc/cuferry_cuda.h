@@ -50,6 +50,12 @@ typedef int32_t cuferry_status;
 /** CUDA's cudaErrorNoDevice. */
 #define CUFERRY_CUDA_NO_DEVICE 100
 
+/** Host wait modes: the values of cudaDeviceScheduleAuto, Spin, Yield and BlockingSync. */
+#define CUFERRY_HOST_WAIT_AUTO 0u
+#define CUFERRY_HOST_WAIT_SPIN 1u
+#define CUFERRY_HOST_WAIT_YIELD 2u
+#define CUFERRY_HOST_WAIT_BLOCK 4u
+
 /** Opaque stream handle (a cudaStream_t). */
 typedef struct cuferry_stream_st *cuferry_stream;
 /** Opaque event handle (a cudaEvent_t). */
@@ -141,6 +147,14 @@ cuferry_status cuferry_cuda_device_get_l2_fetch_granularity(int32_t device, size
 /** Asks for an L2 fetch granularity of `bytes` (0..=128; a hint the driver may round) on
  *  `device` (cudaDeviceSetLimit): context-wide, for kernels launched afterwards. */
 cuferry_status cuferry_cuda_device_set_l2_fetch_granularity(int32_t device, size_t bytes);
+/** How a host thread waits for `device` (cudaGetDeviceFlags & cudaDeviceScheduleMask, read with
+ *  `device` current): one of the CUFERRY_HOST_WAIT_* values. */
+cuferry_status cuferry_cuda_device_get_host_wait(int32_t device, uint32_t *schedule);
+/** Sets how host threads wait for `device` (cudaSetDeviceFlags with `device` current): the
+ *  scheduling bits become `schedule`, one of CUFERRY_HOST_WAIT_*; cudaDeviceSyncMemops is kept
+ *  as it was. The primary context's flags: every thread and library of the process using the
+ *  device waits this way from then on. CUFERRY_STATUS_BAD_ENUM for another value. */
+cuferry_status cuferry_cuda_device_set_host_wait(int32_t device, uint32_t schedule);
 
 /* ---- streams ------------------------------------------------------------------------------ */
 

@@ -178,4 +178,37 @@ cuferry_status cuferry_cuda_device_set_l2_fetch_granularity(int32_t device, size
   return CUFERRY_STATUS_SUCCESS;
 }
 
+static_assert(CUFERRY_HOST_WAIT_AUTO == cudaDeviceScheduleAuto, "host wait values");
+static_assert(CUFERRY_HOST_WAIT_SPIN == cudaDeviceScheduleSpin, "host wait values");
+static_assert(CUFERRY_HOST_WAIT_YIELD == cudaDeviceScheduleYield, "host wait values");
+static_assert(CUFERRY_HOST_WAIT_BLOCK == cudaDeviceScheduleBlockingSync, "host wait values");
+
+cuferry_status cuferry_cuda_device_get_host_wait(int32_t device, uint32_t *schedule) {
+  CF_REQUIRE(schedule);
+  CF_TRY(cudaSetDevice(device));
+  unsigned flags = 0;
+  CF_TRY(cudaGetDeviceFlags(&flags));
+  *schedule = flags & cudaDeviceScheduleMask;
+  return CUFERRY_STATUS_SUCCESS;
+}
+
+cuferry_status cuferry_cuda_device_set_host_wait(int32_t device, uint32_t schedule) {
+  switch (schedule) {
+    case CUFERRY_HOST_WAIT_AUTO:
+    case CUFERRY_HOST_WAIT_SPIN:
+    case CUFERRY_HOST_WAIT_YIELD:
+    case CUFERRY_HOST_WAIT_BLOCK:
+      break;
+    default:
+      return CUFERRY_STATUS_BAD_ENUM;
+  }
+  CF_TRY(cudaSetDevice(device));
+  unsigned flags = 0;
+  CF_TRY(cudaGetDeviceFlags(&flags));
+  // Only the scheduling bits change. cudaDeviceMapHost, which the read may report, is implicit
+  // for the runtime and not passed back; cudaDeviceLmemResizeToMax is now always on.
+  CF_TRY(cudaSetDeviceFlags((flags & cudaDeviceSyncMemops) | schedule));
+  return CUFERRY_STATUS_SUCCESS;
+}
+
 }  // extern "C"

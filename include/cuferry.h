@@ -4,8 +4,9 @@
  * Every call (src/ffi/mod.rs):
  * - Every function returns a `CuferryStatus` (or a plain value that cannot fail); on failure
  *   `cuferry_last_error_message` describes it, per thread. Out-parameters are written only on
- *   success, with one exception: `cuferry_device_count` writes 0 whenever it cannot count
- *   devices, so a caller that only reads the count sees none.
+ *   success, with two exceptions: `cuferry_device_count` writes 0 whenever it cannot count
+ *   devices, so a caller that only reads the count sees none, and
+ *   `cuferry_stream_cuda_handle` writes NULL for a host-backend stream.
  * - No Rust panic crosses the boundary: each call catches it and returns
  *   `CUFERRY_STATUS_PANIC`.
  * - Devices are `int32_t`: `CUFERRY_HOST` (-1) is the host backend, 0.. are CUDA ordinals.
@@ -91,6 +92,27 @@
  * The device number of the host backend.
  */
 #define CUFERRY_HOST -1
+
+/**
+ * [`cuferry_device_set_host_wait`]: CUDA's default (spin unless the process has more CUDA
+ * contexts than logical processors).
+ */
+#define CUFERRY_HOST_WAIT_AUTO 0
+
+/**
+ * [`cuferry_device_set_host_wait`]: waiting threads poll without giving up their core.
+ */
+#define CUFERRY_HOST_WAIT_SPIN 1
+
+/**
+ * [`cuferry_device_set_host_wait`]: waiting threads poll and yield between polls.
+ */
+#define CUFERRY_HOST_WAIT_YIELD 2
+
+/**
+ * [`cuferry_device_set_host_wait`]: waiting threads sleep until the device signals.
+ */
+#define CUFERRY_HOST_WAIT_BLOCK 4
 
 /**
  * Most dimensions of an array in the C ABI.
@@ -361,7 +383,8 @@ const char *cuferry_version(void);
 
 /**
  * The message of this thread's last failed call ("" if none, and during thread teardown).
- * Valid until the next failing call on this thread.
+ * Valid until the next failing call on this thread, or the next `cuferry_managed_free` that
+ * reports a size or device mismatch (it returns nothing, so it reports here).
  */
 const char *cuferry_last_error_message(void);
 
@@ -380,6 +403,25 @@ const char *cuferry_status_name(int32_t status);
  * `count` is NULL or valid for writing an `int32_t`.
  */
 enum CuferryStatus cuferry_device_count(int32_t *count);
+
+/**
+ * How host threads wait for CUDA device `device`, in `*mode` (a `CUFERRY_HOST_WAIT_*`
+ * value); `CUFERRY_STATUS_UNSUPPORTED` for `CUFERRY_HOST`. See [`Device::host_wait`].
+ *
+ * # Safety
+ *
+ * `mode` is NULL or valid for writing an `int32_t`.
+ */
+enum CuferryStatus cuferry_device_host_wait(int32_t device, int32_t *mode);
+
+/**
+ * Sets how host threads wait for CUDA device `device` from now on: `mode` is a
+ * `CUFERRY_HOST_WAIT_*` value (`CUFERRY_HOST_WAIT_BLOCK` leaves the cores of waiting threads
+ * to other work). Process-wide for the device, every library included; leaves the device
+ * current on the calling thread. `CUFERRY_STATUS_UNSUPPORTED` for `CUFERRY_HOST`. See
+ * [`Device::set_host_wait`].
+ */
+enum CuferryStatus cuferry_device_set_host_wait(int32_t device, int32_t mode);
 
 /**
  * Creates a stream on `device` in `*out`.

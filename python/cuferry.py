@@ -27,6 +27,7 @@ Example (host backend; pass 0 for the first CUDA device):
         assert back.read(4) == b"abcd"         # read waits for the copy
 """
 import ctypes
+import math
 import os
 import re
 import threading
@@ -191,6 +192,27 @@ class Library:
         self.call("cuferry_device_count", ctypes.byref(n))
         return n.value
 
+    def host_wait(self, device):
+        """How host threads wait for CUDA device `device`: one of "auto", "spin", "yield",
+        "block" (CUDA's device scheduling flag). Raises UNSUPPORTED for HOST."""
+        mode = ctypes.c_int32()
+        self.call("cuferry_device_host_wait", device, ctypes.byref(mode))
+        return {v: k for k, v in self._host_waits().items()}[mode.value]
+
+    def set_host_wait(self, device, mode):
+        """Sets how host threads wait for CUDA device `device` from now on: "block" leaves the
+        cores of waiting threads to other work, "spin" answers soonest. Process-wide for the
+        device (PyTorch and CuPy included); leaves the device current on this thread."""
+        modes = self._host_waits()
+        if mode not in modes:
+            raise ValueError(f"host wait {mode!r}: use one of {sorted(modes)}")
+        self.call("cuferry_device_set_host_wait", device, modes[mode])
+
+    def _host_waits(self):
+        c = self.const
+        return {"auto": c.CUFERRY_HOST_WAIT_AUTO, "spin": c.CUFERRY_HOST_WAIT_SPIN,
+                "yield": c.CUFERRY_HOST_WAIT_YIELD, "block": c.CUFERRY_HOST_WAIT_BLOCK}
+
     def stream(self, device):
         """A new stream on `device` (HOST for the host backend)."""
         return Stream(self, device)
@@ -227,9 +249,16 @@ def load(library_path=None, header_path=None):
     return Library(library_path, header_path)
 
 
+_MAX_MICROS = 2**63 - 1
+
+
 def _micros(timeout):
-    """Seconds (None: for good) as the ABI's microseconds (negative: for good)."""
-    return -1 if timeout is None else max(0, int(timeout * 1e6))
+    """Seconds (None: for good) as the ABI's microseconds (negative: for good). A positive
+    timeout waits at least a microsecond; one beyond an int64 of microseconds waits that long
+    (about 292,000 years) rather than wrapping."""
+    if timeout is None:
+        return -1
+    return max(0, math.ceil(min(timeout * 1e6, _MAX_MICROS)))
 
 
 class _Owned:
@@ -329,17 +358,21 @@ class Buffer(_Handle):
         if offset < 0 or nbytes < 0 or offset + nbytes > self.size:
             raise ValueError(f"bytes {offset}..{offset + nbytes} of a {self.size}-byte buffer")
         self.synchronize()
-        return self.ptr + offset
+        # An empty buffer has no address (NULL, which ctypes gives as None).
+        return None if nbytes == 0 else self.ptr + offset
 
     def write(self, data, offset=0):
         """Copies `data` (bytes-like) in at `offset`, after the buffer's queued uses."""
         data = bytes(data)
-        ctypes.memmove(self._host_range(offset, len(data)), data, len(data))
+        address = self._host_range(offset, len(data))
+        if address is not None:
+            ctypes.memmove(address, data, len(data))
 
     def read(self, nbytes=None, offset=0):
         """`nbytes` (default: to the end) from `offset`, after the buffer's queued uses."""
         nbytes = self.size - offset if nbytes is None else nbytes
-        return ctypes.string_at(self._host_range(offset, nbytes), nbytes)
+        address = self._host_range(offset, nbytes)
+        return b"" if address is None else ctypes.string_at(address, nbytes)
 
 
 class RingSlot(_Owned):

@@ -98,12 +98,37 @@ where
     S: Memory<T> + ?Sized,
     D: Memory<T> + ?Sized,
 {
+    // SAFETY: `dst` is borrowed mutably, so no one else writes it.
+    unsafe { copy_range_tracked(stream, src, src_offset, &*dst, dst_offset, len) }
+}
+
+/// [`copy_range`] into a destination borrowed shared, for callers whose protocol orders every
+/// write to it through its tracker: the C ABI's buffer handles, which C may pass from several
+/// threads at once.
+///
+/// # Safety
+///
+/// 1. While the copy is queued or running, nothing writes `dst`'s memory except operations
+///    ordered by its tracker (cuferry copies and kernels; no host write through a pointer).
+pub(crate) unsafe fn copy_range_tracked<T, S, D>(
+    stream: &Stream,
+    src: &S,
+    src_offset: usize,
+    dst: &D,
+    dst_offset: usize,
+    len: usize,
+) -> Result<CopyDirection>
+where
+    T: Element,
+    S: Memory<T> + ?Sized,
+    D: Memory<T> + ?Sized,
+{
     check_range("source", src_offset, len, src.len())?;
     check_range("destination", dst_offset, len, dst.len())?;
     let size = std::mem::size_of::<T>();
     let (s, d) = (src.raw_parts(), dst.raw_parts());
     debug_assert!((src_offset + len) * size <= s.bytes && (dst_offset + len) * size <= d.bytes);
-    // SAFETY: `dst` is borrowed mutably, so no one else writes it; the ranges were checked.
+    // SAFETY: the ranges were checked; precondition 1 is `copy_bytes`'s second.
     unsafe {
         copy_bytes(
             stream,

@@ -15,6 +15,7 @@ use std::fmt;
 use crate::cuda;
 use crate::error::{Error, Result};
 use crate::stream::Stream;
+use crate::sys;
 
 /// A place where memory lives and work runs.
 ///
@@ -202,6 +203,107 @@ impl Device {
         }
         cuda::device::set_l2_fetch_granularity(i, bytes)?;
         cuda::device::l2_fetch_granularity(i)
+    }
+
+    /// How host threads wait for this CUDA device ([`HostWait`]), as CUDA reports it for the
+    /// device's primary context. Reading it creates that context if the process had none.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] for [`Device::Host`] (its streams' waits always block); CUDA
+    /// errors otherwise.
+    pub fn host_wait(self) -> Result<HostWait> {
+        let Device::Cuda(i) = self else {
+            return Err(Error::unsupported("the host wait mode exists for CUDA devices only"));
+        };
+        HostWait::from_schedule_flag(cuda::device::host_wait(i)?)
+    }
+
+    /// Sets how host threads wait for this CUDA device from now on (CUDA's
+    /// `cudaSetDeviceFlags`; only the scheduling flag changes).
+    ///
+    /// Choose [`HostWait::Block`] when the host has more to do than wait, for example a
+    /// [`PackExecutor`](crate::ring::PackExecutor) with a thread per core: a thread blocked in
+    /// `Stream::synchronize` then leaves its core to the fill threads. The setting belongs to
+    /// the device's primary context, so it applies to every thread and library of the process
+    /// using the device (PyTorch and CuPy included). Set it once at start-up.
+    ///
+    /// The call leaves this device current on the calling thread, as other calls that work on
+    /// a CUDA device do.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuferry::{Device, HostWait};
+    /// if Device::cuda_count() > 0 {
+    ///     let device = Device::Cuda(0);
+    ///     let old = device.host_wait()?;
+    ///     device.set_host_wait(HostWait::Block)?;
+    ///     assert_eq!(device.host_wait()?, HostWait::Block);
+    ///     device.set_host_wait(old)?;
+    /// }
+    /// # Ok::<(), cuferry::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] for [`Device::Host`]; CUDA errors otherwise.
+    pub fn set_host_wait(self, wait: HostWait) -> Result<()> {
+        let Device::Cuda(i) = self else {
+            return Err(Error::unsupported("the host wait mode exists for CUDA devices only"));
+        };
+        cuda::device::set_host_wait(i, wait.schedule_flag())
+    }
+}
+
+/// How a host thread waits for a CUDA device: in `Stream::synchronize`, `Event::synchronize`
+/// and every other call that blocks on device work (CUDA's device scheduling flag,
+/// [`Device::set_host_wait`]).
+///
+/// A spinning waiter answers within a microsecond or two but keeps a core busy for the whole
+/// wait, a core that a [`PackExecutor`](crate::ring::PackExecutor) filling ring slots, or any
+/// other host thread, then does not get. A blocked waiter costs no CPU and wakes later (tens
+/// of microseconds in a VM).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HostWait {
+    /// CUDA's default: spin while the process has no more CUDA contexts than logical
+    /// processors (nearly always), yield otherwise.
+    Auto,
+    /// Poll without giving up the core: the lowest latency, one core busy per waiting thread.
+    Spin,
+    /// Poll, yielding the core to other threads between polls.
+    Yield,
+    /// Sleep on an operating-system primitive until the device signals: no CPU spent waiting.
+    Block,
+}
+
+impl HostWait {
+    fn schedule_flag(self) -> u32 {
+        let flag = match self {
+            HostWait::Auto => sys::CUFERRY_HOST_WAIT_AUTO,
+            HostWait::Spin => sys::CUFERRY_HOST_WAIT_SPIN,
+            HostWait::Yield => sys::CUFERRY_HOST_WAIT_YIELD,
+            HostWait::Block => sys::CUFERRY_HOST_WAIT_BLOCK,
+        };
+        flag.unsigned_abs()
+    }
+
+    fn from_schedule_flag(flag: u32) -> Result<Self> {
+        [HostWait::Auto, HostWait::Spin, HostWait::Yield, HostWait::Block]
+            .into_iter()
+            .find(|w| w.schedule_flag() == flag)
+            .ok_or_else(|| Error::unsupported(format!("CUDA reported an unknown scheduling flag {flag:#x}")))
+    }
+}
+
+impl fmt::Display for HostWait {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            HostWait::Auto => "auto",
+            HostWait::Spin => "spin",
+            HostWait::Yield => "yield",
+            HostWait::Block => "block",
+        })
     }
 }
 

@@ -62,7 +62,7 @@ mod work_queue;
 pub use copy::{copy, copy_range, CopyDirection};
 pub use device::{
     can_access_peer, cuda_build_note, cuda_built, cuda_driver_version, cuda_runtime_version,
-    enable_peer_access, CudaVersion, Device, DeviceProperties, DeviceSpec, MemoryInfo,
+    enable_peer_access, CudaVersion, Device, DeviceProperties, DeviceSpec, HostWait, MemoryInfo,
     MAX_L2_FETCH_GRANULARITY,
 };
 pub use error::{take_drop_error, Error, Result};

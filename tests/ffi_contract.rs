@@ -113,6 +113,8 @@ fn ring_create_refuses_garbage_sizes() {
         (1 << 20, 1024, 1),
         (4096, usize::MAX / 2, 1),
         (0, 1024, 1),
+        // A bad depth with many threads: refused before any thread starts.
+        (0, 1024, 1024),
     ] {
         let mut out = sentinel;
         // SAFETY: a writable out-parameter.
@@ -170,4 +172,43 @@ fn halo_packer_of_a_zero_extent_exchange_is_ok() {
     assert_eq!(status, CuferryStatus::Ok);
     // SAFETY: the packer is live and not used again.
     assert_eq!(unsafe { cuferry_halo_packer_destroy(packer) }, CuferryStatus::Ok);
+}
+
+/// `cuferry_stream_cuda_handle` leaves `*out` alone when the stream is NULL, and writes NULL
+/// for a host-backend stream (its documented exception), with UNSUPPORTED.
+#[test]
+fn stream_cuda_handle_writes_only_what_it_documents() {
+    let sentinel = 0x1234usize as *mut c_void;
+    let mut out = sentinel;
+    // SAFETY: a NULL stream on purpose and a writable out-parameter.
+    assert_eq!(unsafe { cuferry_stream_cuda_handle(ptr::null(), &mut out) }, CuferryStatus::InvalidArgument);
+    assert_eq!(out, sentinel, "cuferry_stream_cuda_handle wrote *out for a NULL stream");
+    let mut stream: *mut CuferryStream = ptr::null_mut();
+    // SAFETY: a writable out-parameter.
+    assert_eq!(unsafe { cuferry_stream_create(CUFERRY_HOST, &mut stream) }, CuferryStatus::Ok);
+    // SAFETY: a live stream and a writable out-parameter.
+    assert_eq!(unsafe { cuferry_stream_cuda_handle(stream, &mut out) }, CuferryStatus::Unsupported);
+    assert!(out.is_null(), "a host stream's handle reads as NULL");
+    // SAFETY: the stream is live and not used again.
+    assert_eq!(unsafe { cuferry_stream_destroy(stream) }, CuferryStatus::Ok);
+}
+
+/// The host wait mode: an unknown mode is refused before the device is looked at, the host
+/// backend has none (UNSUPPORTED, `*mode` untouched), and a NULL out-parameter is refused.
+#[test]
+fn host_wait_refuses_bad_modes_and_the_host_backend() {
+    for bad in [3, 5, -1, i32::MAX] {
+        assert_eq!(cuferry_device_set_host_wait(0, bad), CuferryStatus::InvalidArgument, "mode {bad}");
+    }
+    for mode in
+        [CUFERRY_HOST_WAIT_AUTO, CUFERRY_HOST_WAIT_SPIN, CUFERRY_HOST_WAIT_YIELD, CUFERRY_HOST_WAIT_BLOCK]
+    {
+        assert_eq!(cuferry_device_set_host_wait(CUFERRY_HOST, mode), CuferryStatus::Unsupported);
+    }
+    let mut mode = 77;
+    // SAFETY: a writable out-parameter.
+    assert_eq!(unsafe { cuferry_device_host_wait(CUFERRY_HOST, &mut mode) }, CuferryStatus::Unsupported);
+    assert_eq!(mode, 77, "cuferry_device_host_wait wrote *mode although it failed");
+    // SAFETY: NULL on purpose.
+    assert_eq!(unsafe { cuferry_device_host_wait(0, ptr::null_mut()) }, CuferryStatus::InvalidArgument);
 }

@@ -150,3 +150,20 @@ pub(crate) fn set_l2_fetch_granularity(device: u32, bytes: usize) -> Result<()> 
     // SAFETY: plain value arguments.
     check("cudaDeviceSetLimit", unsafe { sys::cuferry_cuda_device_set_l2_fetch_granularity(dev, bytes) })
 }
+
+/// `cudaGetDeviceFlags & cudaDeviceScheduleMask` on `device`: a `CUFERRY_HOST_WAIT_*` value.
+pub(crate) fn host_wait(device: u32) -> Result<u32> {
+    let dev = ordinal(device)?;
+    let mut schedule = 0u32;
+    // SAFETY: `schedule` is a valid out-pointer for the duration of the call.
+    check("cudaGetDeviceFlags", unsafe { sys::cuferry_cuda_device_get_host_wait(dev, &mut schedule) })?;
+    Ok(schedule)
+}
+
+/// `cudaSetDeviceFlags` on `device` with the scheduling bits `schedule` (a
+/// `CUFERRY_HOST_WAIT_*` value).
+pub(crate) fn set_host_wait(device: u32, schedule: u32) -> Result<()> {
+    let dev = ordinal(device)?;
+    // SAFETY: plain value arguments.
+    check("cudaSetDeviceFlags", unsafe { sys::cuferry_cuda_device_set_host_wait(dev, schedule) })
+}

@@ -157,8 +157,9 @@ pub unsafe extern "C" fn cuferry_managed_malloc(
             .ok()
             .filter(|&b| b > 0)
             .ok_or_else(|| Error::invalid(format!("size {size}")))?;
-        let pool = pool_for(device)?;
+        // The scope first: creating the device's pool makes that device current.
         let _scope = device_scope(device)?;
+        let pool = pool_for(device)?;
         let s = (pool.kind() == PoolKind::ManagedPool).then(|| raw_stream(stream));
         let ptr = pool.inner.alloc_raw(bytes, s, false)?;
         allocations().insert(ptr as usize, (device, bytes));
@@ -200,8 +201,8 @@ pub unsafe extern "C" fn cuferry_managed_free(
                 "free of {ptr:?}: given size {size} on device {device}, allocated {bytes} on {dev}"
             ));
         }
-        let freed = pool_for(dev).and_then(|pool| {
-            let _scope = device_scope(dev)?;
+        let freed = device_scope(dev).and_then(|_scope| {
+            let pool = pool_for(dev)?;
             let s = (pool.kind() == PoolKind::ManagedPool).then(|| raw_stream(stream));
             // SAFETY: the registry proves `ptr` came from this pool with `bytes` and frees it
             // once. Every use is finished or queued on `stream` (the caller's contract): a

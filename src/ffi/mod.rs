@@ -4,8 +4,9 @@
 //! Rules:
 //! - Every function returns a [`CuferryStatus`] (or a plain value that cannot fail); on failure
 //!   [`cuferry_last_error_message`] describes it, per thread. Out-parameters are written only on
-//!   success, with one exception: [`cuferry_device_count`] writes 0 whenever it cannot count
-//!   devices, so a caller that only reads the count sees none.
+//!   success, with two exceptions: [`cuferry_device_count`] writes 0 whenever it cannot count
+//!   devices, so a caller that only reads the count sees none, and
+//!   [`cuferry_stream_cuda_handle`] writes NULL for a host-backend stream.
 //! - No Rust panic crosses the boundary: each call catches it and returns
 //!   `CUFERRY_STATUS_PANIC`.
 //! - Devices are `int32_t`: [`CUFERRY_HOST`] (-1) is the host backend, 0.. are CUDA ordinals.
@@ -30,8 +31,8 @@ use std::cell::RefCell;
 use std::ffi::{c_char, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use crate::copy::copy_range;
-use crate::device::Device;
+use crate::copy::copy_range_tracked;
+use crate::device::{Device, HostWait};
 use crate::error::{Error, Result};
 use crate::memory::{DeviceBuffer, PinnedBuffer};
 use crate::stream::Stream;
@@ -191,7 +192,8 @@ pub extern "C" fn cuferry_version() -> *const c_char {
 }
 
 /// The message of this thread's last failed call ("" if none, and during thread teardown).
-/// Valid until the next failing call on this thread.
+/// Valid until the next failing call on this thread, or the next `cuferry_managed_free` that
+/// reports a size or device mismatch (it returns nothing, so it reports here).
 #[no_mangle]
 pub extern "C" fn cuferry_last_error_message() -> *const c_char {
     LAST_ERROR
@@ -236,6 +238,62 @@ pub unsafe extern "C" fn cuferry_device_count(count: *mut i32) -> CuferryStatus 
         // SAFETY: the caller's contract on `count`.
         unsafe { write_out(count, n.as_ref().map_or(0, |&n| n as i32)) }?;
         n.map(drop)
+    })
+}
+
+/// [`cuferry_device_set_host_wait`]: CUDA's default (spin unless the process has more CUDA
+/// contexts than logical processors).
+pub const CUFERRY_HOST_WAIT_AUTO: i32 = 0;
+/// [`cuferry_device_set_host_wait`]: waiting threads poll without giving up their core.
+pub const CUFERRY_HOST_WAIT_SPIN: i32 = 1;
+/// [`cuferry_device_set_host_wait`]: waiting threads poll and yield between polls.
+pub const CUFERRY_HOST_WAIT_YIELD: i32 = 2;
+/// [`cuferry_device_set_host_wait`]: waiting threads sleep until the device signals.
+pub const CUFERRY_HOST_WAIT_BLOCK: i32 = 4;
+
+fn host_wait_of(mode: i32) -> Result<HostWait> {
+    match mode {
+        CUFERRY_HOST_WAIT_AUTO => Ok(HostWait::Auto),
+        CUFERRY_HOST_WAIT_SPIN => Ok(HostWait::Spin),
+        CUFERRY_HOST_WAIT_YIELD => Ok(HostWait::Yield),
+        CUFERRY_HOST_WAIT_BLOCK => Ok(HostWait::Block),
+        m => Err(Error::invalid(format!("host wait mode {m}: use one of CUFERRY_HOST_WAIT_*"))),
+    }
+}
+
+/// How host threads wait for CUDA device `device`, in `*mode` (a `CUFERRY_HOST_WAIT_*`
+/// value); `CUFERRY_STATUS_UNSUPPORTED` for `CUFERRY_HOST`. See [`Device::host_wait`].
+///
+/// # Safety
+///
+/// `mode` is NULL or valid for writing an `int32_t`.
+#[no_mangle]
+pub unsafe extern "C" fn cuferry_device_host_wait(device: i32, mode: *mut i32) -> CuferryStatus {
+    guard(|| {
+        if mode.is_null() {
+            return Err(Error::invalid("mode is NULL"));
+        }
+        let value = match device_of(device)?.host_wait()? {
+            HostWait::Auto => CUFERRY_HOST_WAIT_AUTO,
+            HostWait::Spin => CUFERRY_HOST_WAIT_SPIN,
+            HostWait::Yield => CUFERRY_HOST_WAIT_YIELD,
+            HostWait::Block => CUFERRY_HOST_WAIT_BLOCK,
+        };
+        // SAFETY: `mode` is non-NULL and valid for writing (caller's contract).
+        unsafe { write_out(mode, value) }
+    })
+}
+
+/// Sets how host threads wait for CUDA device `device` from now on: `mode` is a
+/// `CUFERRY_HOST_WAIT_*` value (`CUFERRY_HOST_WAIT_BLOCK` leaves the cores of waiting threads
+/// to other work). Process-wide for the device, every library included; leaves the device
+/// current on the calling thread. `CUFERRY_STATUS_UNSUPPORTED` for `CUFERRY_HOST`. See
+/// [`Device::set_host_wait`].
+#[no_mangle]
+pub extern "C" fn cuferry_device_set_host_wait(device: i32, mode: i32) -> CuferryStatus {
+    guard(|| {
+        let wait = host_wait_of(mode)?;
+        device_of(device)?.set_host_wait(wait)
     })
 }
 
@@ -299,11 +357,11 @@ pub unsafe extern "C" fn cuferry_stream_cuda_handle(
     out: *mut *mut c_void,
 ) -> CuferryStatus {
     guard(|| {
-        // SAFETY: `out` is NULL (refused) or valid for writing (caller's contract).
-        unsafe { write_out(out, std::ptr::null_mut()) }?;
         // SAFETY: the caller's contract on `stream`.
         let stream = &unsafe { handle(stream, "stream") }?.stream;
         if stream.device().is_host() {
+            // SAFETY: `out` is NULL (refused) or valid for writing (caller's contract).
+            unsafe { write_out(out, std::ptr::null_mut()) }?;
             return Err(Error::unsupported("a host-backend stream has no CUDA handle"));
         }
         let raw = stream.cuda_raw()?;
@@ -446,29 +504,27 @@ pub unsafe extern "C" fn cuferry_copy(
         if std::ptr::eq(src, dst) {
             return Err(Error::invalid("source and destination are the same buffer"));
         }
-        // SAFETY: the caller's contract on the handles; `src != dst`, so the shared and the
-        // exclusive reference do not alias.
-        let (stream, src, dst) = unsafe {
-            (
-                handle(stream, "stream")?,
-                handle(src, "source")?,
-                dst.as_mut().ok_or_else(|| Error::invalid("destination is NULL"))?,
-            )
-        };
+        // SAFETY: the caller's contract on the handles. They are borrowed shared: C may pass
+        // one buffer to calls on several threads at once.
+        let (stream, src, dst) =
+            unsafe { (handle(stream, "stream")?, handle(src, "source")?, handle(dst, "destination")?) };
         let s = &stream.stream;
-        match (&src.memory, &mut dst.memory) {
-            (BufferMemory::Pinned(a), BufferMemory::Pinned(b)) => {
-                copy_range(s, a, src_offset, b, dst_offset, bytes)
-            }
-            (BufferMemory::Pinned(a), BufferMemory::Device(b)) => {
-                copy_range(s, a, src_offset, b, dst_offset, bytes)
-            }
-            (BufferMemory::Device(a), BufferMemory::Pinned(b)) => {
-                copy_range(s, a, src_offset, b, dst_offset, bytes)
-            }
-            (BufferMemory::Device(a), BufferMemory::Device(b)) => {
-                copy_range(s, a, src_offset, b, dst_offset, bytes)
-            }
+        // SAFETY (each arm): C writes a buffer only through cuferry calls, which its tracker
+        // orders, or through its pointer after `cuferry_buffer_synchronize` (the header's rule),
+        // so nothing else writes the destination while the copy is queued.
+        match (&src.memory, &dst.memory) {
+            (BufferMemory::Pinned(a), BufferMemory::Pinned(b)) => unsafe {
+                copy_range_tracked(s, a, src_offset, b, dst_offset, bytes)
+            },
+            (BufferMemory::Pinned(a), BufferMemory::Device(b)) => unsafe {
+                copy_range_tracked(s, a, src_offset, b, dst_offset, bytes)
+            },
+            (BufferMemory::Device(a), BufferMemory::Pinned(b)) => unsafe {
+                copy_range_tracked(s, a, src_offset, b, dst_offset, bytes)
+            },
+            (BufferMemory::Device(a), BufferMemory::Device(b)) => unsafe {
+                copy_range_tracked(s, a, src_offset, b, dst_offset, bytes)
+            },
         }
         .map(drop)
     })

@@ -29,6 +29,7 @@ use super::{device_of, guard, handle, slice_of, write_out, CuferryStatus, Cuferr
 use crate::error::{Error, Result};
 use crate::ring::{
     ConsumerSlot, PackExecutor, ProducerSlot, RingOptions, SlotFill, SlotLayout, SlotMeta, SlotRing,
+    MAX_PACK_THREADS,
 };
 
 /// A slot ring and the pack executor of its pipelined fill (opaque).
@@ -110,8 +111,13 @@ pub unsafe extern "C" fn cuferry_ring_create(
         if out.is_null() {
             return Err(Error::invalid("out is NULL"));
         }
-        let executor = PackExecutor::new(fill_threads)?;
+        // Every count is checked before a thread starts or a slot is allocated: the thread
+        // count here, the ring's own sizes in `SlotRing::new`, which runs before the threads.
+        if !(1..=MAX_PACK_THREADS).contains(&fill_threads) {
+            return Err(Error::invalid(format!("{fill_threads} fill threads: use 1 to {MAX_PACK_THREADS}")));
+        }
         let ring = SlotRing::new(device_of(device)?, RingOptions::new(depth, slot_bytes))?;
+        let executor = PackExecutor::new(fill_threads)?;
         let raw = Box::into_raw(Box::new(CuferryRing { ring, executor }));
         // SAFETY: `out` is non-NULL and, by the contract, valid for writing a pointer.
         unsafe { write_out(out, raw) }
@@ -256,13 +262,18 @@ pub unsafe extern "C" fn cuferry_ring_produce(
                 slice_of(lengths, n, "lengths")?,
             )
         };
-        let mut items = Vec::with_capacity(n);
-        for i in 0..n {
-            // SAFETY: `sources[i]` is readable for `lengths[i]` bytes and unchanged during the
-            // call, which `produce` outlives no copy of (it waits for all of them).
-            let data = unsafe { slice_of(sources[i].cast::<u8>(), lengths[i], "a source") }?;
-            items.push(SlotFill::bytes(sequences[i], data));
+        // Checked first, then handed over lazily: an `n` of millions needs no list of items.
+        if let Some(i) = (0..n).find(|&i| sources[i].is_null() && lengths[i] > 0) {
+            return Err(Error::invalid(format!("source {i} is NULL")));
         }
+        let items = (0..n).map(|i| {
+            // SAFETY: `sources[i]` is readable for `lengths[i]` bytes (non-NULL when the length
+            // is not 0, checked above) and unchanged during the call, which outlives every copy
+            // `produce` queues (it waits for all of them).
+            let data =
+                unsafe { slice_of(sources[i].cast::<u8>(), lengths[i], "a source") }.unwrap_or_default();
+            SlotFill::bytes(sequences[i], data)
+        });
         ring.ring.produce(&ring.executor, ahead, items).map(drop)
     })
 }

@@ -10,6 +10,10 @@ pub const CUFERRY_STATUS_STAGE_RACE: i32 = -4;
 pub const CUFERRY_CUDA_NOT_READY: i32 = 600;
 pub const CUFERRY_CUDA_INSUFFICIENT_DRIVER: i32 = 35;
 pub const CUFERRY_CUDA_NO_DEVICE: i32 = 100;
+pub const CUFERRY_HOST_WAIT_AUTO: i32 = 0;
+pub const CUFERRY_HOST_WAIT_SPIN: i32 = 1;
+pub const CUFERRY_HOST_WAIT_YIELD: i32 = 2;
+pub const CUFERRY_HOST_WAIT_BLOCK: i32 = 4;
 pub const CUFERRY_PINNED_PORTABLE: i32 = 1;
 pub const CUFERRY_PINNED_MAPPED: i32 = 2;
 pub const CUFERRY_PINNED_WRITE_COMBINED: i32 = 4;
@@ -201,6 +205,14 @@ unsafe extern "C" {
 unsafe extern "C" {
     #[doc = " Asks for an L2 fetch granularity of `bytes` (0..=128; a hint the driver may round) on\n  `device` (cudaDeviceSetLimit): context-wide, for kernels launched afterwards."]
     pub fn cuferry_cuda_device_set_l2_fetch_granularity(device: i32, bytes: usize) -> cuferry_status;
+}
+unsafe extern "C" {
+    #[doc = " How a host thread waits for `device` (cudaGetDeviceFlags & cudaDeviceScheduleMask, read with\n  `device` current): one of the CUFERRY_HOST_WAIT_* values."]
+    pub fn cuferry_cuda_device_get_host_wait(device: i32, schedule: *mut u32) -> cuferry_status;
+}
+unsafe extern "C" {
+    #[doc = " Sets how host threads wait for `device` (cudaSetDeviceFlags with `device` current): the\n  scheduling bits become `schedule`, one of CUFERRY_HOST_WAIT_*; cudaDeviceSyncMemops is kept\n  as it was. The primary context's flags: every thread and library of the process using the\n  device waits this way from then on. CUFERRY_STATUS_BAD_ENUM for another value."]
+    pub fn cuferry_cuda_device_set_host_wait(device: i32, schedule: u32) -> cuferry_status;
 }
 unsafe extern "C" {
     #[doc = " Creates a non-blocking stream on `device` (no implicit sync with the legacy default stream)."]

@@ -43,6 +43,31 @@ with lib.stream(device) as stream, lib.pinned(device, n) as src, lib.device_buff
             raise AssertionError("device memory read from the host")
         except ValueError:
             pass
+# An empty buffer has no address: reading and writing nothing still work.
+with lib.pinned(device, 0) as empty:
+    assert empty.size == 0 and empty.read() == b"", "an empty buffer reads as nothing"
+    empty.write(b"")
+# Timeouts: a positive one waits at least a microsecond, a huge one does not wrap.
+assert cuferry._micros(None) == -1 and cuferry._micros(0) == 0 and cuferry._micros(1e-9) == 1
+assert cuferry._micros(1e300) == 2**63 - 1 and cuferry._micros(float("inf")) == 2**63 - 1
+# The host wait mode exists for CUDA devices only.
+if device == cuferry.HOST:
+    for call in (lambda: lib.host_wait(device), lambda: lib.set_host_wait(device, "block")):
+        try:
+            call()
+            raise AssertionError("a host wait mode on the host backend was accepted")
+        except cuferry.CuferryError as e:
+            assert e.name == "CUFERRY_STATUS_UNSUPPORTED", e
+else:
+    old = lib.host_wait(device)
+    lib.set_host_wait(device, "block")
+    assert lib.host_wait(device) == "block", "the host wait mode reads back"
+    lib.set_host_wait(device, old)
+try:
+    lib.set_host_wait(device, "nap")
+    raise AssertionError("an unknown host wait mode was accepted")
+except ValueError:
+    pass
 src.free()  # idempotent after the with block
 try:
     src.size

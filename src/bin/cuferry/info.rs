@@ -62,6 +62,8 @@ pub fn run() -> ExitCode {
                     .l2_fetch_granularity()
                     .map_or_else(|e| format!("unknown ({e})"), |b| format!("{b} B"));
                 println!("  L2 fetch granularity (max bytes per DRAM fetch): {fetch}");
+                let wait = dev.host_wait().map_or_else(|e| format!("unknown ({e})"), |w| w.to_string());
+                println!("  host wait mode (Device::set_host_wait): {wait}");
                 println!(
                     "  managed memory: {} | concurrent managed access: {} | pageable access: {} | \
                      memory pools: {} | host register: {}",

@@ -9,12 +9,14 @@
 //! Pageable sources are copied in three ways:
 //! - slot by slot with [`ProducerSlot::fill_from`](cuferry::ring::ProducerSlot::fill_from);
 //! - the same with the largest executor polling before it sleeps (slots of 1-16 MiB);
-//! - pipelined, [`SlotRing::produce`] filling up to `depth` slots at once.
+//! - pipelined, [`SlotRing::produce`] filling up to `depth` slots at once; on CUDA, for slots
+//!   of 1-16 MiB, also with [`HostWait::Block`], so that threads waiting for an upload leave
+//!   their cores to the fill threads (the default mode spins).
 
 use std::time::{Duration, Instant};
 
 use cuferry::ring::{PackExecutor, RingOptions, SlotFill, SlotLayout, SlotMeta, SlotRing};
-use cuferry::{copy, Device, DeviceBuffer, PinnedBuffer, Result, Stream};
+use cuferry::{copy, Device, DeviceBuffer, HostWait, PinnedBuffer, Result, Stream};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::measure::{gbps, median_secs};
@@ -163,12 +165,31 @@ fn parallel_memcpy(device: Device, bytes: usize, threads: usize) -> Result<f64> 
     Ok(gbps(bytes, secs))
 }
 
+/// Runs `f` with `device`'s host wait mode set to `wait`, then puts the old mode back (also when
+/// `f` fails).
+fn with_host_wait<T>(device: Device, wait: HostWait, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let old = device.host_wait()?;
+    device.set_host_wait(wait)?;
+    let result = f();
+    device.set_host_wait(old)?;
+    result
+}
+
+/// Slot sizes whose fills hand chunks off most often: the rows that also poll, and (on CUDA)
+/// the ones that also block.
+fn hand_off_bound(slot: usize) -> bool {
+    (MIB..=16 * MIB).contains(&slot)
+}
+
 /// Runs the sweep and returns its rows.
 pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
     let sw = sweep(device, quick);
     let max_threads = sw.threads.iter().copied().max().unwrap_or(1);
-    let spun = sw.sizes.iter().filter(|&&s| (MIB..=16 * MIB).contains(&s)).count();
-    let configs = sw.sizes.len() * sw.depths.len() * (1 + 2 * sw.threads.len()) + spun * sw.depths.len() + 3;
+    let spun = sw.sizes.iter().filter(|&&s| hand_off_bound(s)).count();
+    let blocked = if device.is_host() { 0 } else { spun };
+    let configs = sw.sizes.len() * sw.depths.len() * (1 + 2 * sw.threads.len())
+        + (spun + blocked) * sw.depths.len()
+        + 3;
     let bar = ProgressBar::new(configs as u64).with_message("ring");
     if let Ok(style) = ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} {elapsed}") {
         bar.set_style(style);
@@ -216,27 +237,40 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
             });
             // The executor as built by default, then (largest thread count, slots of 1-16 MiB
             // where hand-offs weigh most) with workers that poll before they sleep; then the
-            // pipelined fill for every thread count.
-            let spinning = (MIB..=16 * MIB).contains(&slot).then_some((max_threads, FILL_SPIN, false));
+            // pipelined fill for every thread count, and on CUDA (largest thread count, the same
+            // slots) pipelined with waiting threads blocked.
+            let spinning = hand_off_bound(slot).then_some((max_threads, FILL_SPIN, false, false));
+            let blocking = (hand_off_bound(slot) && !device.is_host()).then_some((
+                max_threads,
+                Duration::ZERO,
+                true,
+                true,
+            ));
             let fills = sw
                 .threads
                 .iter()
-                .map(|&t| (t, Duration::ZERO, false))
+                .map(|&t| (t, Duration::ZERO, false, false))
                 .chain(spinning)
-                .chain(sw.threads.iter().map(|&t| (t, Duration::ZERO, true)));
-            for (threads, spin, pipelined) in fills {
+                .chain(sw.threads.iter().map(|&t| (t, Duration::ZERO, true, false)))
+                .chain(blocking);
+            for (threads, spin, pipelined, block) in fills {
                 let pool = PackExecutor::with_spin(threads, spin)?;
                 let fill = if pipelined {
                     Fill::Pipelined(&pool, &source)
                 } else {
                     Fill::SlotBySlot(&pool, &source)
                 };
-                let secs = stream(device, slot, depth, items, fill)?;
+                let secs = if block {
+                    with_host_wait(device, HostWait::Block, || stream(device, slot, depth, items, fill))?
+                } else {
+                    stream(device, slot, depth, items, fill)?
+                };
                 bar.inc(1);
-                let how = match (pipelined, spin.is_zero()) {
-                    (true, _) => ", pipelined".to_string(),
-                    (false, false) => format!(", polling {} us", spin.as_micros()),
-                    (false, true) => String::new(),
+                let how = match (pipelined, spin.is_zero(), block) {
+                    (true, _, true) => ", pipelined, host wait block".to_string(),
+                    (true, _, false) => ", pipelined".to_string(),
+                    (false, false, _) => format!(", polling {} us", spin.as_micros()),
+                    (false, true, _) => String::new(),
                 };
                 rows.push(Row {
                     section: "ring",
