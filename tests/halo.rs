@@ -248,9 +248,13 @@ fn random_strides(rng: &mut Rng, shape: &[usize]) -> Vec<usize> {
     }
     let mut strides = vec![0; nd];
     let mut acc = 1 + rng.below(2) * rng.below(3); // sometimes the innermost stride is > 1
+    let mut span = 1; // elements from the first to one past the last of the dims so far
     for &d in order.iter().rev() {
         strides[d] = acc;
-        acc *= shape[d].max(1) + rng.below(3) * rng.below(2);
+        span += (shape[d].max(1) - 1) * acc;
+        // Sometimes the next dim starts right after this one's last element, inside the gaps
+        // of a padded or strided dim below (interleaved rows); else padded or dense.
+        acc = if rng.below(4) == 0 { span } else { acc * (shape[d].max(1) + rng.below(3) * rng.below(2)) };
     }
     strides
 }
@@ -850,6 +854,12 @@ fn bad_specs_are_invalid_arguments() {
     assert_invalid(HaloSpec::new(ElementType::Raw { size: 0 }, &[2], &[1], xy), "raw size 0");
     assert_invalid(HaloSpec::new(ElementType::F64, &[usize::MAX, 2], &[2, 1], xy), "overflow");
     assert!(HaloSpec::new(ElementType::F64, &[4, 1], &[1, 1], xy).is_ok(), "1-wide dims may share strides");
+    // Rows of stride 2 whose next row starts in the last row's gaps: offsets 0, 2, 4 | 5, 7, 9.
+    assert!(HaloSpec::new(ElementType::F64, &[3, 3], &[5, 2], xy).is_ok(), "interleaved rows are distinct");
+    assert_invalid(
+        HaloSpec::new(ElementType::F64, &[3, 3], &[4, 2], xy),
+        "a row starting on another's element",
+    );
 
     let spec = HaloSpec::contiguous(ElementType::F64, &[6, 5], xy).unwrap();
     assert_invalid(HaloExchange::new(&spec, &[0..1], 0, &[0..1, 0..1]), "pack range count");
@@ -912,6 +922,77 @@ fn huge_accepted_strides_build_a_packer() {
         let ex = HaloExchange::new(&spec, &whole, 0, &whole).unwrap();
         let packer = HaloPacker::new(Device::Host, &[ex], None).unwrap();
         assert_eq!(packer.buffer_bytes(), shape[0] * shape[1] * element.size(), "{element:?} {strides:?}");
+    }
+}
+
+/// A stride the spec accepts on a dim of extent 1 (any value, here 2^63) does not overflow
+/// when a turn flips that dim (debug builds panicked negating it), and the pack matches a
+/// scalar loop: the lone row reversed by a half turn, kept by an x-only quarter turn (its x
+/// dim is the flipped one, of extent 1).
+#[test]
+fn turning_a_dim_of_extent_one_with_a_huge_stride() {
+    let src = [1.0f64, 2.0, 3.0];
+    for (dims, k) in [(HorizontalDims::xy(0, 1), 2), (HorizontalDims::x_only(0), 1)] {
+        let spec = HaloSpec::new(ElementType::F64, &[1, 3], &[1 << 63, 1], dims).unwrap();
+        let ex = HaloExchange::new(&spec, &[0..1, 0..3], k, &[0..1, 0..3]).unwrap();
+        let mut packer = HaloPacker::new(Device::Host, &[ex], None).unwrap();
+        let stream = packer.stream().clone();
+        let array = DeviceBuffer::from_slice(&stream, &src).unwrap();
+        packer.pack(&[&array], None).unwrap();
+        let got: Vec<f64> = from_bytes(&packer.pack_buffer().unwrap().to_vec(&stream).unwrap());
+        let mut want = Vec::new();
+        for j in 0..3 {
+            want.push(if k == 2 { src[2 - j] } else { src[j] });
+        }
+        assert_eq!(got, want, "turn {k}");
+    }
+}
+
+/// Interleaved rows (stride 2, the next row starting in the last row's gaps) pack and unpack
+/// every element where a scalar loop over `i * 5 + j * 2` puts it, on both backends.
+fn interleaved_rows_round_trip(device: Device) {
+    let spec = HaloSpec::new(ElementType::F64, &[3, 3], &[5, 2], HorizontalDims::xy(0, 1)).unwrap();
+    let at = |i: usize, j: usize| i * 5 + j * 2;
+    let src: Vec<f64> = (0..15).map(|v| v as f64 + 0.5).collect();
+    // Rows 0..2 turned once clockwise into the 3 x 2 block at columns 1..3.
+    let ex = HaloExchange::new(&spec, &[0..2, 0..3], 1, &[0..3, 1..3]).unwrap();
+    let mut packer = HaloPacker::new(device, std::slice::from_ref(&ex), None).unwrap();
+    let stream = packer.stream().clone();
+    let array = DeviceBuffer::from_slice(&stream, &src).unwrap();
+    packer.pack(&[&array], None).unwrap();
+    let packed: Vec<f64> = from_bytes(&packer.pack_buffer().unwrap().to_vec(&stream).unwrap());
+    // A clockwise turn: result (i, j) = source (nx - 1 - j, i), nx = 2 rows packed.
+    let mut want = Vec::new();
+    for i in 0..3 {
+        for j in 0..2 {
+            want.push(src[at(1 - j, i)]);
+        }
+    }
+    assert_eq!(packed, want, "pack on {device}");
+    // The receiver's buffer gets what was sent.
+    let sent = DeviceBuffer::from_slice(&stream, bytemuck::cast_slice::<f64, u8>(&want)).unwrap();
+    cuferry::copy(&stream, &sent, packer.unpack_buffer_mut().unwrap()).unwrap();
+    let out = DeviceBuffer::from_slice(&stream, &[-1.0f64; 15]).unwrap();
+    packer.unpack(&[&out], None).unwrap();
+    let got = out.to_vec(&stream).unwrap();
+    let mut expected = vec![-1.0f64; 15];
+    for i in 0..3 {
+        for j in 0..2 {
+            expected[at(i, 1 + j)] = want[i * 2 + j];
+        }
+    }
+    assert_eq!(got, expected, "unpack on {device}");
+}
+
+#[test]
+fn interleaved_rows_round_trip_on_the_host() {
+    interleaved_rows_round_trip(Device::Host);
+}
+
+#[test]
+fn interleaved_rows_round_trip_on_cuda() {
+    if let Some(device) = common::cuda_device() {
+        interleaved_rows_round_trip(device);
     }
 }
 

@@ -5,8 +5,9 @@
 //!   [`Error::InvalidArgument`] naming the problem; nothing here panics.
 //! - A layout has 1 to [`MAX_DIMS`] dims, a stride per dim in elements (padded and permuted
 //!   layouts are fine), and dims that do not overlap in memory: sorted by stride, each stride
-//!   is at least the span of the dims below it. So distinct indices are distinct elements, which
-//!   is what lets several threads or GPU blocks unpack at once.
+//!   is at least the span of the dims below it (from their first element to one past their
+//!   last; a row may start inside the padding after the row below). So distinct indices are
+//!   distinct elements, which is what lets several threads or GPU blocks unpack at once.
 //! - Rotation (shared/ARCHITECTURE.md): a clockwise quarter turn maps element (i, j) of the
 //!   result to element (nx-1-j, i) of the source, (i, j) indexing the x and y dims; k turns are k
 //!   applications. An array with one horizontal dim flips like numpy's lone axis: a quarter turn
@@ -326,7 +327,10 @@ fn required_len(shape: &[usize], strides: &[usize]) -> Result<usize> {
 }
 
 /// Dims with more than one element, sorted by stride, must each start past the span of the
-/// ones below.
+/// ones below: the elements from their first to one past their last, `(e - 1) * s` plus the
+/// span below. Then distinct indices are distinct elements (at the highest dim where two
+/// indices differ, the stride outweighs any difference below it), rows that interleave with
+/// another's padding included.
 fn check_no_overlap(shape: &[usize], strides: &[usize]) -> Result<()> {
     if shape.contains(&0) {
         return Ok(());
@@ -342,7 +346,10 @@ fn check_no_overlap(shape: &[usize], strides: &[usize]) -> Result<()> {
                  (shape {shape:?}, strides {strides:?})"
             )));
         }
-        span = s.checked_mul(e).ok_or_else(|| Error::invalid("the array's size overflows"))?;
+        span = (e - 1)
+            .checked_mul(s)
+            .and_then(|last| last.checked_add(span))
+            .ok_or_else(|| Error::invalid("the array's size overflows"))?;
     }
     Ok(())
 }
@@ -499,9 +506,14 @@ impl View {
         box_elements(self.shape.iter().copied())
     }
 
-    /// Flips dim `d`: index i reads what index n-1-i read.
+    /// Flips dim `d`: index i reads what index n-1-i read. A dim of at most one element reads
+    /// the same either way and is left alone: its stride is unchecked (any value is accepted
+    /// for it), so negating it could overflow.
     fn flip(&mut self, d: usize) {
         let n = self.shape[d];
+        if n <= 1 {
+            return;
+        }
         self.offset = (self.offset as isize + (n as isize - 1) * self.strides[d]) as usize;
         self.strides[d] = -self.strides[d];
     }
