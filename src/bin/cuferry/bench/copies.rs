@@ -60,20 +60,23 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
     for &bytes in &sizes {
         let n = repeats(bytes);
         let small = bytes <= LATENCY_MAX_BYTES;
-        // An asynchronous copy: event time, and for small copies also the wall time of queue +
-        // synchronize (the latency a caller sees, as the pageable rows' wall time is).
+        // For small copies, the wall time of queue + synchronize (the latency a caller sees, as
+        // the pageable rows' wall time is).
+        let small_wall = |stream: &Stream, op: &mut dyn FnMut() -> Result<()>| -> Result<Option<f64>> {
+            if !small {
+                return Ok(None);
+            }
+            median_secs(n, || {
+                op()?;
+                stream.synchronize()
+            })
+            .map(Some)
+        };
+        // An asynchronous copy: event time, and the small copies' wall time.
         let timed_async =
             |stream: &Stream, op: &mut dyn FnMut() -> Result<()>| -> Result<(f64, Option<f64>)> {
                 let device_secs = median_device_secs(stream, n, &mut *op)?;
-                let wall = if small {
-                    Some(median_secs(n, || {
-                        op()?;
-                        stream.synchronize()
-                    })?)
-                } else {
-                    None
-                };
-                Ok((device_secs, wall))
+                Ok((device_secs, small_wall(stream, op)?))
             };
         let (s, w) =
             timed_async(&stream, &mut || copy_range(&stream, &pinned, 0, &mut dev, 0, bytes).map(drop))?;
@@ -91,15 +94,7 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
         for (case, to) in [("D2D", &mut dev2), ("peer", &mut far)] {
             let mut op = || copy_range(&stream, &dev, 0, &mut *to, 0, bytes).map(drop);
             let s = median_device_secs_queued(&stream, n, &mut flush, &mut op)?;
-            let w = if small {
-                Some(median_secs(n, || {
-                    op()?;
-                    stream.synchronize()
-                })?)
-            } else {
-                None
-            };
-            results.push((case, bytes, s, w));
+            results.push((case, bytes, s, small_wall(&stream, &mut op)?));
         }
     }
     let ceiling = |case: &str| -> Option<(String, f64)> {
