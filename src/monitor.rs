@@ -49,6 +49,13 @@ impl<T> DerefMut for MonitorGuard<'_, T> {
     }
 }
 
+impl<T> std::fmt::Debug for Monitor<T> {
+    /// The type alone: formatting never takes the lock (whose holder might be the formatter).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Monitor").finish_non_exhaustive()
+    }
+}
+
 impl<T> Monitor<T> {
     /// Locks the state (changes made through the guard wake no one).
     pub(crate) fn lock(&self) -> MonitorGuard<'_, T> {

@@ -12,10 +12,10 @@
 //! - An allocation made through the [cache](super::cache) ([`TrackedAllocation::cached`]) is
 //!   deferred as above and, once its work has finished, goes back to the cache instead of
 //!   being freed (freed when the cache is full).
-//! - An allocation that fails for lack of memory while deferred frees are pending or memory is
-//!   cached waits for the frees ([`reaper::drain`](super::reaper::drain)), releases the cached
-//!   memory of the kind it draws on ([`DrawsOn`]: host and pinned memory, its device's, or for
-//!   managed memory all of it), and is tried once more.
+//! - An allocation that fails for lack of memory frees the memory of the kind it draws on
+//!   ([`DrawsOn`]: host and pinned memory, its device's, or for managed memory all of it)
+//!   that the cache holds, that is leaving the cache, or that waits in the reaper for its
+//!   work ([`reaper::drain_where`](super::reaper::drain_where)), and is tried once more.
 
 use std::alloc::{self, Layout};
 use std::os::raw::c_void;
@@ -114,25 +114,41 @@ impl DrawsOn {
     }
 }
 
-/// Runs `alloc`; when it fails for lack of memory while frees of memory it `draws_on` are
-/// deferred or such memory is cached, waits for those frees (not for another device's),
-/// releases that part of the cache (another device's stays), and runs it once more. Every
-/// allocation cuferry makes on a device or in pinned memory goes through here (buffers and
-/// managed pools).
+/// Runs `alloc`; when it fails for lack of memory, frees what the memory it `draws_on` is
+/// held by and runs it once more: cached memory, memory on its way out of the cache, and
+/// deferred frees (waiting for their work; not for another device's). Other places' cached
+/// memory stays. Every allocation cuferry makes on a device or in pinned memory goes through
+/// here (buffers and managed pools).
 pub(crate) fn retry_after_deferred_frees<R>(
+    draws_on: DrawsOn,
+    alloc: impl FnMut() -> Result<R>,
+) -> Result<R> {
+    retry_after_frees_in(cache::global(), draws_on, alloc)
+}
+
+/// [`retry_after_deferred_frees`] with `cache` for the process's cache.
+///
+/// Memory moves from the cache to [`Leaving`](cache::Leaving) to the reaper's pending frees
+/// (evictions), and from the pending frees to the cache (their work done). Memory in any of
+/// the three when `alloc` failed is freed before it runs again, by following those moves:
+/// release the cache; wait for what is leaving (now pending); drain the pending frees (now
+/// freed or cached); release the cache again. Inside a host stream's job only the releases
+/// run: the waits could be for work queued behind that job. The second try runs whatever
+/// was found, since the three cannot be read at one instant.
+fn retry_after_frees_in<R>(
+    cache: &Cache,
     draws_on: DrawsOn,
     mut alloc: impl FnMut() -> Result<R>,
 ) -> Result<R> {
     let covers = |p| draws_on.covers(p);
-    let cached = || cache::global().held_bytes_where(covers);
     match alloc() {
-        Err(err) if is_out_of_memory(&err) && (super::reaper::pending_where(covers) > 0 || cached() > 0) => {
-            // The reaper's frees first: those of cached allocations end in the cache. Not
-            // inside a host stream's job: the frees could wait for work queued behind it.
+        Err(err) if is_out_of_memory(&err) => {
+            cache.release_where(covers);
             if !crate::stream::host::in_job() {
+                cache.wait_for_leaving(covers);
                 super::reaper::drain_where(covers);
+                cache.release_where(covers);
             }
-            cache::global().release_where(covers);
             alloc()
         }
         other => other,
@@ -376,10 +392,10 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
 
-    use super::{retry_after_deferred_frees, DrawsOn, Error, TrackedAllocation};
+    use super::{retry_after_deferred_frees, retry_after_frees_in, DrawsOn, Error, TrackedAllocation};
     use crate::copy::copy;
     use crate::device::Device;
-    use crate::memory::cache::{self, Place};
+    use crate::memory::cache::{self, Cache, Caps, Leaving, Place, Then};
     use crate::memory::DeviceBuffer;
     use crate::stream::test_gate::Gate;
     use crate::stream::Stream;
@@ -425,6 +441,42 @@ mod tests {
         let host = super::TrackedAllocation::host_zeroed(isize::MAX as usize - 4095).map(drop);
         assert!(host.as_ref().is_err_and(super::is_out_of_memory), "{host:?}");
         assert_eq!(calls.load(Ordering::SeqCst), 1, "a failure other than out-of-memory was retried");
+    }
+
+    /// Memory evicted from the cache by another thread but not yet handed to the reaper is
+    /// neither cached nor pending: an allocation failing for lack of memory meanwhile waits
+    /// until it has been handed on (and then for the reaper to free it) before trying again.
+    /// It used to fail at once, having seen nothing to free.
+    #[test]
+    fn out_of_memory_waits_for_memory_leaving_the_cache() {
+        let cache = Cache::new(Caps { count: 8, bytes: 1 << 20 });
+        let (alloc, _) = TrackedAllocation::cached_in(&cache, Place::Host, 4096).unwrap();
+        assert!(cache.give(alloc).is_ok());
+        let mut leaving = Leaving::new(&cache, Then::Reap);
+        cache.set_caps(Caps { count: 0, bytes: 0 }, &mut leaving); // evicts it, held here
+        assert_eq!((cache.held_bytes(), cache.leaving_where(|_| true)), (0, 1));
+        let calls = AtomicUsize::new(0);
+        let got = std::thread::scope(|scope| {
+            scope.spawn(move || {
+                std::thread::sleep(Duration::from_millis(30));
+                drop(leaving); // hands it to the reaper
+            });
+            retry_after_frees_in(&cache, DrawsOn::Host, || match calls.fetch_add(1, Ordering::SeqCst) {
+                0 => Err(out_of_memory()),
+                _ => Ok(cache.leaving_where(|_| true)),
+            })
+        });
+        assert_eq!(got, Ok(0), "the retry ran while evicted memory was on its way to be freed");
+        // A device's failure does not wait for host memory leaving.
+        cache.set_caps(Caps { count: 8, bytes: 1 << 20 }, &mut Leaving::new(&cache, Then::Free));
+        let (alloc, _) = TrackedAllocation::cached_in(&cache, Place::Host, 4096).unwrap();
+        assert!(cache.give(alloc).is_ok());
+        let mut leaving = Leaving::new(&cache, Then::Free);
+        cache.set_caps(Caps { count: 0, bytes: 0 }, &mut leaving);
+        let failing = || -> crate::Result<()> { Err(out_of_memory()) };
+        assert!(retry_after_frees_in(&cache, DrawsOn::Device(0), failing).is_err());
+        assert_eq!(cache.leaving_where(|_| true), 1);
+        drop(leaving);
     }
 
     /// An allocation failing for lack of memory inside a host stream's job does not wait for

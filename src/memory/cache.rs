@@ -41,6 +41,11 @@
 //!   device running out leaves the host's and other devices' cached memory in place. Other allocations in the process (a
 //!   user's own `cudaMalloc`, another library's) do not: [`release_cached_memory`] frees the
 //!   cache on request. Allocations are freed outside the cache's lock.
+//! - Allocations taken off the shelves to be freed (evicted or released) are counted as
+//!   [`Leaving`] the cache, under its lock, until they have been freed or handed to the reaper:
+//!   in between they are neither cached nor pending there, and an allocation failing for lack
+//!   of memory waits for them ([`Cache::wait_for_leaving`]) instead of failing while another
+//!   thread is about to free that memory.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -48,6 +53,7 @@ use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use super::allocation::TrackedAllocation;
 use super::reaper;
+use crate::monitor::Monitor;
 
 /// The most bytes cached per place unless [`set_cache_limits`] says otherwise.
 pub const MAX_CACHED_BYTES: usize = 1 << 30;
@@ -147,6 +153,79 @@ pub(crate) struct Cache {
     shelves: Mutex<Shelves>,
     caps: AtomicCaps,
     counts: Counts,
+    /// Allocations [`Leaving`] the cache, by place (places with none are absent). Counted up
+    /// under the shelves' lock (the order is shelves, then this), counted down by
+    /// [`Monitor::update`], which wakes [`Cache::wait_for_leaving`].
+    leaving: Monitor<HashMap<Place, usize>>,
+}
+
+/// Allocations taken off a cache's shelves to be freed (evicted, or released), each counted
+/// as leaving that cache from the moment it is taken, under the cache's lock, until this
+/// guard's drop has freed it or handed it to the reaper (as [`Then`] says). Until then the
+/// memory is neither cached nor pending in the reaper, so an allocation failing for lack of
+/// memory waits for it ([`Cache::wait_for_leaving`]) before trying again.
+pub(crate) struct Leaving<'a> {
+    cache: &'a Cache,
+    then: Then,
+    allocs: Vec<TrackedAllocation>,
+    /// The place of each of `allocs`, as counted.
+    places: Vec<Place>,
+}
+
+/// What dropping a [`Leaving`] does with its allocations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Then {
+    /// Frees them on the dropping thread (the reaper's own evictions, and releases).
+    Free,
+    /// Hands them to the reaper thread, which frees them off the dropping thread (a free may
+    /// wait for the whole device).
+    Reap,
+}
+
+impl<'a> Leaving<'a> {
+    /// None yet, of `cache`.
+    pub(crate) fn new(cache: &'a Cache, then: Then) -> Self {
+        Leaving { cache, then, allocs: Vec::new(), places: Vec::new() }
+    }
+
+    /// Takes `alloc`, just taken off `self.cache`'s shelves (whose lock the caller holds),
+    /// marked to be freed rather than cached again, and counts it as leaving.
+    fn push(&mut self, alloc: TrackedAllocation) {
+        if let Some(place) = alloc.place() {
+            *self.cache.leaving.lock().entry(place).or_default() += 1;
+            self.places.push(place);
+        }
+        self.allocs.push(alloc.uncached());
+    }
+
+    /// Bytes taken (size classes).
+    fn bytes(&self) -> usize {
+        self.allocs.iter().map(TrackedAllocation::capacity).sum()
+    }
+}
+
+impl Drop for Leaving<'_> {
+    fn drop(&mut self) {
+        let allocs = std::mem::take(&mut self.allocs);
+        match self.then {
+            Then::Free => drop(allocs),
+            Then::Reap => reaper::free_later(allocs),
+        }
+        if self.places.is_empty() {
+            return;
+        }
+        // Only now: freed, or pending in the reaper (which counted them first).
+        self.cache.leaving.update(|leaving| {
+            for place in self.places.drain(..) {
+                if let Some(n) = leaving.get_mut(&place) {
+                    *n -= 1;
+                    if *n == 0 {
+                        leaving.remove(&place);
+                    }
+                }
+            }
+        });
+    }
 }
 
 /// A cache's [`Caps`], changeable while the cache is used. They are read without the
@@ -227,7 +306,7 @@ impl Cache {
     /// An empty cache holding at most `caps` per place.
     pub(crate) fn new(caps: Caps) -> Cache {
         let caps = AtomicCaps { count: AtomicUsize::new(caps.count), bytes: AtomicUsize::new(caps.bytes) };
-        Cache { shelves: Mutex::default(), caps, counts: Counts::default() }
+        Cache { shelves: Mutex::default(), caps, counts: Counts::default(), leaving: Monitor::default() }
     }
 
     fn lock(&self) -> MutexGuard<'_, Shelves> {
@@ -257,20 +336,18 @@ impl Cache {
     /// frees them: a free may wait for the whole device). Hands it back when it is not a
     /// cached allocation or is larger than the byte cap by itself (the caller frees it).
     pub(crate) fn give(&self, alloc: TrackedAllocation) -> Result<(), TrackedAllocation> {
-        let mut evicted = Vec::new();
-        let given = self.give_collecting(alloc, &mut evicted);
-        reaper::free_later(evicted);
-        given
+        self.give_collecting(alloc, &mut Leaving::new(self, Then::Reap))
     }
 
     /// [`Cache::give`], but the allocations evicted to make room are pushed onto `evicted`
-    /// (marked to be freed when dropped) instead of being freed here: the reaper gives under
+    /// (a [`Leaving`] of this cache), to be freed when it is dropped: the reaper gives under
     /// its own lock and frees outside it.
     pub(crate) fn give_collecting(
         &self,
         mut alloc: TrackedAllocation,
-        evicted: &mut Vec<TrackedAllocation>,
+        evicted: &mut Leaving<'_>,
     ) -> Result<(), TrackedAllocation> {
+        debug_assert!(std::ptr::eq(evicted.cache, self), "a Leaving of another cache");
         let Some(place) = alloc.place().filter(|_| alloc.is_recycled()) else { return Err(alloc) };
         let class = alloc.capacity();
         if size_class(class) != class || !self.admits(class) {
@@ -289,7 +366,7 @@ impl Cache {
         }
         while !caps.room(shelves.held.get(&place).copied().unwrap_or_default(), class) {
             match shelves.pop_oldest(place) {
-                Some(old) => evicted.push(old.uncached()),
+                Some(old) => evicted.push(old),
                 None => break,
             }
         }
@@ -310,15 +387,28 @@ impl Cache {
     /// Frees the cached allocations of the places `pick` chooses (outside the lock); returns
     /// their bytes.
     pub(crate) fn release_where(&self, pick: impl Fn(Place) -> bool) -> usize {
-        let free: Vec<_> = {
-            let mut shelves = self.lock();
-            shelves.held.retain(|&place, _| !pick(place));
-            let keys: Vec<_> = shelves.free.keys().copied().filter(|&(place, _)| pick(place)).collect();
-            keys.iter().filter_map(|key| shelves.free.remove(key)).collect()
-        };
-        let freed: Vec<TrackedAllocation> =
-            free.into_iter().flatten().map(|(_, alloc)| alloc.uncached()).collect();
-        freed.iter().map(TrackedAllocation::capacity).sum()
+        let mut freed = Leaving::new(self, Then::Free);
+        let mut shelves = self.lock();
+        shelves.held.retain(|&place, _| !pick(place));
+        let keys: Vec<_> = shelves.free.keys().copied().filter(|&(place, _)| pick(place)).collect();
+        for shelf in keys.iter().filter_map(|key| shelves.free.remove(key)) {
+            shelf.into_iter().for_each(|(_, alloc)| freed.push(alloc));
+        }
+        drop(shelves);
+        freed.bytes()
+    }
+
+    /// Blocks until no allocation of a place `pick` chooses is [`Leaving`] this cache (each
+    /// has been freed, or handed to the reaper).
+    pub(crate) fn wait_for_leaving(&self, pick: impl Fn(Place) -> bool) {
+        let waited = self.leaving.wait_while(self.leaving.lock(), |leaving| leaving.keys().any(|&p| pick(p)));
+        drop(waited);
+    }
+
+    /// How many allocations of the places `pick` chooses are [`Leaving`] this cache.
+    #[cfg(test)]
+    pub(crate) fn leaving_where(&self, pick: impl Fn(Place) -> bool) -> usize {
+        self.leaving.lock().iter().filter(|(&p, _)| pick(p)).map(|(_, n)| n).sum()
     }
 
     /// How many allocations of size class `class` at `place` are cached.
@@ -340,9 +430,10 @@ impl Cache {
         self.caps.load()
     }
 
-    /// Sets the caps and evicts, oldest first, what no longer fits (pushed onto `evicted`, to
-    /// be freed outside the lock); returns the former caps.
-    fn set_caps(&self, caps: Caps, evicted: &mut Vec<TrackedAllocation>) -> Caps {
+    /// Sets the caps and evicts, oldest first, what no longer fits (pushed onto `evicted`, a
+    /// [`Leaving`] of this cache, to be freed outside the lock); returns the former caps.
+    pub(crate) fn set_caps(&self, caps: Caps, evicted: &mut Leaving<'_>) -> Caps {
+        debug_assert!(std::ptr::eq(evicted.cache, self), "a Leaving of another cache");
         let mut shelves = self.lock();
         let former = self.caps.load();
         self.caps.count.store(caps.count, Ordering::Relaxed);
@@ -351,7 +442,7 @@ impl Cache {
         for place in places {
             while !caps.fit(shelves.held.get(&place).copied().unwrap_or_default()) {
                 match shelves.pop_oldest(place) {
-                    Some(old) => evicted.push(old.uncached()),
+                    Some(old) => evicted.push(old),
                     None => break,
                 }
             }
@@ -480,16 +571,19 @@ pub fn cache_limits() -> CacheLimits {
 /// # Ok::<(), cuferry::Error>(())
 /// ```
 pub fn set_cache_limits(limits: CacheLimits) -> CacheLimits {
-    let mut evicted = Vec::new();
-    let former = global()
+    let cache = global();
+    let mut evicted = Leaving::new(cache, Then::Reap);
+    let former = cache
         .set_caps(Caps { count: limits.allocations_per_place, bytes: limits.bytes_per_place }, &mut evicted);
-    reaper::free_later(evicted);
+    drop(evicted);
     CacheLimits { bytes_per_place: former.bytes, allocations_per_place: former.count }
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use super::{global, size_class, Cache, Caps, Place, MAX_CACHED, MAX_CACHED_BYTES, MIN_CLASS};
+    use super::{
+        global, size_class, Cache, Caps, Leaving, Place, Then, MAX_CACHED, MAX_CACHED_BYTES, MIN_CLASS,
+    };
     use crate::copy::copy;
     use crate::memory::allocation::TrackedAllocation;
     use crate::memory::reaper;
@@ -603,21 +697,23 @@ pub(crate) mod tests {
         for alloc in allocs {
             drop_into(&cache, alloc);
         }
-        let mut evicted = Vec::new();
+        let mut evicted = Leaving::new(&cache, Then::Free);
         let former = cache.set_caps(Caps { count: 8, bytes: 2 * ODD_CLASS + 1 }, &mut evicted);
         assert_eq!((former.count, former.bytes), (8, 8 * ODD_CLASS));
         assert_eq!(
-            evicted.iter().map(TrackedAllocation::ptr).collect::<Vec<_>>(),
+            evicted.allocs.iter().map(TrackedAllocation::ptr).collect::<Vec<_>>(),
             ptrs[..2],
             "not the oldest"
         );
         assert_eq!(cache.held_bytes(), 2 * ODD_CLASS, "the byte cap was not applied at once");
         cache.set_caps(Caps { count: 1, bytes: 8 * ODD_CLASS }, &mut evicted);
-        assert_eq!(evicted.len(), 3, "the count cap was not applied at once");
+        assert_eq!(evicted.allocs.len(), 3, "the count cap was not applied at once");
         assert_eq!(cache.count_of(Place::Host, ODD_CLASS), 1);
         cache.set_caps(Caps { count: 0, bytes: 8 * ODD_CLASS }, &mut evicted);
-        assert_eq!((evicted.len(), cache.held_bytes()), (4, 0), "zero caps kept an allocation");
+        assert_eq!((evicted.allocs.len(), cache.held_bytes()), (4, 0), "zero caps kept an allocation");
+        assert_eq!(cache.leaving_where(|p| p == Place::Host), 4, "evictions not counted as leaving");
         drop(evicted);
+        assert_eq!(cache.leaving_where(|_| true), 0, "freed evictions still counted as leaving");
         let exact = make(&cache);
         assert_eq!(
             (exact.capacity(), exact.is_recycled()),
@@ -626,11 +722,11 @@ pub(crate) mod tests {
         );
         assert!(cache.give(exact).is_err());
         // Made under the old caps, given back under caps of 0 bytes: refused.
-        cache.set_caps(Caps { count: 8, bytes: 8 * ODD_CLASS }, &mut Vec::new());
+        cache.set_caps(Caps { count: 8, bytes: 8 * ODD_CLASS }, &mut Leaving::new(&cache, Then::Free));
         let made_before = make(&cache);
-        cache.set_caps(Caps { count: 8, bytes: 0 }, &mut Vec::new());
+        cache.set_caps(Caps { count: 8, bytes: 0 }, &mut Leaving::new(&cache, Then::Free));
         assert!(cache.give(made_before).is_err(), "taken past a byte cap of 0");
-        cache.set_caps(Caps { count: 8, bytes: 8 * ODD_CLASS }, &mut Vec::new());
+        cache.set_caps(Caps { count: 8, bytes: 8 * ODD_CLASS }, &mut Leaving::new(&cache, Then::Free));
         drop_into(&cache, make(&cache));
         assert_eq!(cache.release(), ODD_CLASS);
     }

@@ -53,7 +53,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use super::allocation::TrackedAllocation;
-use super::cache::{self, Cache, Place};
+use super::cache::{self, Cache, Leaving, Place, Then};
 use crate::error::record_drop_error;
 use crate::monitor::Monitor;
 
@@ -171,6 +171,7 @@ pub(crate) fn drain_where(covers: impl Fn(Place) -> bool) {
 
 /// The number of allocations of places `covers` accepts waiting for their work before being
 /// released.
+#[cfg(test)]
 pub(crate) fn pending_where(covers: impl Fn(Place) -> bool) -> usize {
     global().map_or(0, |r| r.pending.lock().outstanding.values().filter(|p| p.map_or(true, &covers)).count())
 }
@@ -310,14 +311,16 @@ fn finished(pending: &Monitor<Pending>, tickets: &[u64], bytes: usize) {
 }
 
 /// One poll of the waiting list, under its lock: idle cached allocations go to the process's
-/// cache; the other idle ones, those the cache refused, evicted ones and those whose tracker
-/// failed come back to be freed or leaked outside the lock. Returns their tickets and bytes.
+/// cache (what that evicts goes to `evicted`); the other idle ones, those the cache refused
+/// and those whose tracker failed come back to be freed or leaked outside the lock. Returns
+/// their tickets and bytes.
 /// Before querying a CUDA allocation's events it makes that allocation's device current
 /// (`current`: the device this thread last made current), so the reaper never creates a
 /// context on a device the process does not use.
 fn poll(
     waiting: &Waiting,
     to_free: &mut Vec<TrackedAllocation>,
+    evicted: &mut Leaving<'_>,
     to_leak: &mut Vec<TrackedAllocation>,
     current: &mut Option<u32>,
 ) -> (Vec<u64>, usize) {
@@ -341,7 +344,7 @@ fn poll(
         done.push(ticket);
         match idle {
             Ok(_) if alloc.is_recycled() => {
-                if let Err(back) = cache::global().give_collecting(alloc, to_free) {
+                if let Err(back) = cache::global().give_collecting(alloc, evicted) {
                     to_free.push(back.uncached());
                 }
             }
@@ -363,8 +366,10 @@ fn serve(wakes: &Receiver<()>, waiting: &Waiting, pending: &Monitor<Pending>) {
     let mut backoff = BACKOFF.0;
     let (mut to_free, mut to_leak, mut current) = (Vec::new(), Vec::new(), None);
     loop {
-        let (done, bytes) = poll(waiting, &mut to_free, &mut to_leak, &mut current);
+        let mut evicted = Leaving::new(cache::global(), Then::Free);
+        let (done, bytes) = poll(waiting, &mut to_free, &mut evicted, &mut to_leak, &mut current);
         to_free.clear();
+        drop(evicted);
         to_leak.drain(..).for_each(TrackedAllocation::leak_memory);
         if !done.is_empty() {
             finished(pending, &done, bytes);
