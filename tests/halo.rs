@@ -3,8 +3,10 @@
 //! pack order), independently of the crate's code.
 //!
 //! Random layouts (1-wide and non-square shapes, padded and permuted strides, every rotation,
-//! lone-axis arrays), scalar and vector quantities of f32/f64/i32 and u8/raw scalars; errors for
-//! bad specs and arrays; drop safety while work is queued; the buffer pool; the seed baseline.
+//! lone-axis arrays), scalar and vector quantities of f32/f64/i32 and u8/raw scalars (atoms of
+//! 1, 2 and 4 bytes); large exchanges split over the helper threads at every turn; errors for
+//! bad specs and arrays; drop safety while work is queued; packers used from several threads
+//! at once and from inside a host job; the buffer pool; the seed baseline.
 //! Each case runs on the host backend and, with a GPU, on CUDA, where it must also equal the
 //! host result bit for bit.
 
@@ -73,12 +75,17 @@ impl Val for u8 {
     }
 }
 
-impl Val for [u8; 12] {
+/// Raw elements of `N` bytes: the crate moves them as atoms of the largest power of two
+/// dividing `N` (4 for 12 bytes, 2 for 6, 1 for 3), several per element.
+impl<const N: usize> Val for [u8; N]
+where
+    [u8; N]: Element,
+{
     fn neg(self) -> Self {
         self // never asked: vectors of raw elements are rejected
     }
     fn random(rng: &mut Rng) -> Self {
-        let mut v = [0u8; 12];
+        let mut v = [0u8; N];
         v.iter_mut().for_each(|b| *b = rng.next_u64() as u8);
         v
     }
@@ -367,12 +374,13 @@ struct Outcome<T> {
 }
 
 /// Packs and unpacks `qs` with the crate on `device`, the CUDA kernel reading its descriptors
-/// from `placement`.
+/// from `placement`, a host packer using `host_threads` threads when given.
 fn run_crate<T: Val>(
     device: Device,
     qs: &[Quantity<T>],
     vector: bool,
     placement: DescriptorPlacement,
+    host_threads: Option<usize>,
 ) -> Outcome<T> {
     let ex_x: Vec<HaloExchange> = qs
         .iter()
@@ -384,6 +392,9 @@ fn run_crate<T: Val>(
         .collect();
     let mut packer = HaloPacker::new(device, &ex_x, vector.then_some(&ex_y[..])).unwrap();
     packer.set_descriptor_placement(placement).unwrap();
+    if let Some(threads) = host_threads {
+        packer.set_host_threads(threads);
+    }
     assert_eq!(packer.launches_per_call(), usize::from(packer.buffer_bytes() > 0));
     let stream = packer.stream().clone();
     let up = |v: &Vec<T>| DeviceBuffer::from_slice(&stream, v).unwrap();
@@ -410,7 +421,7 @@ fn run_crate<T: Val>(
 /// host) when a device is present.
 fn check_case<T: Val>(qs: &[Quantity<T>], vector: bool) {
     let (packed, ref_x, ref_y) = reference(qs, vector);
-    let host = run_crate(Device::Host, qs, vector, DescriptorPlacement::DeviceMemory);
+    let host = run_crate(Device::Host, qs, vector, DescriptorPlacement::DeviceMemory, None);
     assert_eq!(
         host.packed,
         bytemuck::cast_slice::<T, u8>(&packed),
@@ -420,7 +431,7 @@ fn check_case<T: Val>(qs: &[Quantity<T>], vector: bool) {
     assert_eq!(host.dst_y, ref_y, "unpacked y arrays differ from the reference");
     if Device::cuda_count() > 0 {
         for placement in [DescriptorPlacement::DeviceMemory, DescriptorPlacement::LaunchParameters] {
-            let cuda = run_crate(Device::Cuda(0), qs, vector, placement);
+            let cuda = run_crate(Device::Cuda(0), qs, vector, placement, None);
             assert_eq!(cuda, host, "CUDA ({placement:?}) and host results differ");
         }
     }
@@ -460,6 +471,16 @@ fn scalar_u8_random_layouts() {
 #[test]
 fn scalar_raw_12_byte_random_layouts() {
     random_cases::<[u8; 12]>(5, 100, false);
+}
+
+#[test]
+fn scalar_raw_6_byte_random_layouts() {
+    random_cases::<[u8; 6]>(21, 60, false);
+}
+
+#[test]
+fn scalar_raw_3_byte_random_layouts() {
+    random_cases::<[u8; 3]>(22, 60, false);
 }
 
 #[test]
@@ -621,6 +642,47 @@ fn large_exchange_uses_threads_and_stays_exact() {
     }
     check_case(&qs, false);
     check_case(&qs, true);
+}
+
+/// The threaded split of turned exchanges (a half turn reverses every horizontal run, a
+/// three-quarter turn transposes and flips): more than 4 MiB turned by 2 and 3, cut between
+/// 2, 3, 5 and 16 threads (so parts start in the middle of rows and of transposed panels,
+/// whatever the machine's core count), stays exact. 31 levels of 147 x 146 f64: 5.3 MB.
+#[test]
+fn large_exchanges_turned_by_two_and_three_use_threads_and_stay_exact() {
+    let mut rng = Rng::new(12);
+    let layout =
+        Layout { shape: vec![19, 149, 151], strides: vec![150 * 153, 153, 1], x: Some(2), y: Some(1) };
+    let fill = |rng: &mut Rng| (0..layout.required()).map(|_| f64::random(rng)).collect::<Vec<_>>();
+    // Pack levels by 147 y by 146 x; a half turn keeps that shape, a three-quarter turn swaps
+    // the horizontal extents. Unequal level counts keep the cuts off the transfers' ends.
+    let cases = [
+        (2u32, vec![0..19, 2..149, 0..146], vec![0..19, 1..148, 5..151]),
+        (3, vec![3..15, 2..149, 0..146], vec![4..16, 0..146, 3..150]),
+    ];
+    let qs: Vec<Quantity<f64>> = cases
+        .into_iter()
+        .map(|(k, pack, unpack)| Quantity {
+            layout_x: layout.clone(),
+            layout_y: layout.clone(),
+            src_x: fill(&mut rng),
+            src_y: fill(&mut rng),
+            dst_x: fill(&mut rng),
+            dst_y: fill(&mut rng),
+            pack,
+            unpack,
+            k,
+        })
+        .collect();
+    for vector in [false, true] {
+        check_case(&qs, vector);
+        let (packed, ref_x, ref_y) = reference(&qs, vector);
+        for threads in [2, 3, 5, 16] {
+            let got = run_crate(Device::Host, &qs, vector, DescriptorPlacement::DeviceMemory, Some(threads));
+            assert!(got.packed == bytemuck::cast_slice::<f64, u8>(&packed), "{threads} threads: pack buffer");
+            assert!(got.dst_x == ref_x && got.dst_y == ref_y, "{threads} threads: unpacked arrays");
+        }
+    }
 }
 
 // ---- the seed baseline -----------------------------------------------------------------------
@@ -1204,6 +1266,109 @@ fn dropping_while_an_unpack_is_queued_is_safe() {
     assert_eq!(dst.to_vec(&other).unwrap(), ref_x[0]);
     drop(dst);
     stream.synchronize().unwrap();
+}
+
+/// An exchange of one 20 x 150 x 151 array (padded) moving 20 x 30 x 147 f64 (706 KB, over
+/// the 512 KiB a host job moves on one thread): a quarter turn of a 30-row strip.
+fn large_quantity(seed: u64) -> Quantity<f64> {
+    let mut rng = Rng::new(seed);
+    let layout =
+        Layout { shape: vec![20, 150, 151], strides: vec![150 * 152, 152, 1], x: Some(2), y: Some(1) };
+    let fill = |rng: &mut Rng| (0..layout.required()).map(|_| f64::random(rng)).collect::<Vec<_>>();
+    let q = Quantity {
+        layout_x: layout.clone(),
+        layout_y: layout.clone(),
+        src_x: fill(&mut rng),
+        src_y: fill(&mut rng),
+        dst_x: fill(&mut rng),
+        dst_y: fill(&mut rng),
+        pack: vec![0..20, 0..30, 2..149],
+        unpack: vec![0..20, 1..148, 120..150],
+        k: 1,
+    };
+    q
+}
+
+/// Packs and unpacks `q` with `packer` (on its own stream), from arrays uploaded on `stream`;
+/// returns the pack buffer and the unpacked array.
+fn pack_and_unpack(packer: &mut HaloPacker, stream: &Stream, q: &Quantity<f64>) -> (Vec<u8>, Vec<f64>) {
+    let src = DeviceBuffer::from_slice(stream, &q.src_x).unwrap();
+    let dst = DeviceBuffer::from_slice(stream, &q.dst_x).unwrap();
+    packer.pack(&[&src], None).unwrap();
+    packer.copy_pack_to_unpack().unwrap();
+    packer.unpack(&[&dst], None).unwrap();
+    let packed = packer.pack_buffer().unwrap().to_vec(stream).unwrap();
+    (packed, dst.to_vec(stream).unwrap())
+}
+
+/// Several packers used at once from four threads, each thread with its own streams and
+/// arrays, packers of one buffer size made and dropped every round (so pooled buffers pass
+/// between threads), and two threads' exchanges large enough to share the helper threads:
+/// every pack and unpack equals the reference.
+fn several_packers_on_several_threads(device: Device) {
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..4u64)
+            .map(|t| {
+                scope.spawn(move || {
+                    let q =
+                        if t % 2 == 0 { large_quantity(40 + t) } else { one_quantity(40 + t, [5, 30, 30]) };
+                    let (packed, ref_x, _) = reference(std::slice::from_ref(&q), false);
+                    let packed = bytemuck::cast_slice::<f64, u8>(&packed);
+                    let stream = Stream::new(device).unwrap();
+                    for round in 0..6 {
+                        let mut packer = HaloPacker::new(device, &[exchange_of(&q)], None).unwrap();
+                        let (got_packed, got_x) = pack_and_unpack(&mut packer, &stream, &q);
+                        assert!(got_packed == packed, "thread {t} round {round}: pack buffer");
+                        assert!(got_x == ref_x[0], "thread {t} round {round}: unpacked array");
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            if let Err(panic) = w.join() {
+                std::panic::resume_unwind(panic);
+            }
+        }
+    });
+}
+
+on_both_backends! {
+    several_packers_used_at_once_from_several_threads => several_packers_on_several_threads;
+}
+
+/// Packs run from inside a host stream's job. On another stream's packer the pack runs at
+/// once (inline on the job's thread, with the helper threads for this large exchange) and the
+/// job can wait for it and read the results; on the job's own stream it is queued behind the
+/// job (it never waits for itself) and runs after. Every result equals the reference.
+#[test]
+fn packs_from_inside_a_host_job() {
+    let q = large_quantity(50);
+    let (packed, ref_x, _) = reference(std::slice::from_ref(&q), false);
+    let packed = bytemuck::cast_slice::<f64, u8>(&packed).to_vec();
+    let jobs = Stream::new(Device::Host).unwrap();
+    let other = Stream::new(Device::Host).unwrap();
+    let mut on_other = HaloPacker::with_stream(&other, &[exchange_of(&q)], None).unwrap();
+    let mut on_jobs = HaloPacker::with_stream(&jobs, &[exchange_of(&q)], None).unwrap();
+    let src = DeviceBuffer::from_slice(&other, &q.src_x).unwrap();
+    let (report, outcome) = std::sync::mpsc::channel();
+    let (want_packed, want_x) = (packed.clone(), ref_x[0].clone());
+    jobs.host_fn(move || {
+        let ran_inside = pack_and_unpack(&mut on_other, &other, &q) == (want_packed, want_x);
+        let queued = on_jobs.pack(&[&src], None);
+        let _ = report.send((ran_inside, queued, on_jobs, src));
+    })
+    .unwrap();
+    let Ok((ran_inside, queued, on_jobs, src)) = outcome.recv_timeout(Duration::from_secs(20)) else {
+        panic!("the job did not finish: a pack inside it waited for itself");
+    };
+    assert!(
+        ran_inside,
+        "a pack and unpack on another stream's packer, inside a job, differ from the reference"
+    );
+    assert!(queued.is_ok(), "{queued:?}");
+    assert_eq!(on_jobs.pack_buffer().unwrap().to_vec(&jobs).unwrap(), packed);
+    drop(src);
+    jobs.synchronize().unwrap();
 }
 
 /// A packer over no exchanges (or empty regions) queues nothing and hands out empty buffers.
