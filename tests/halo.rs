@@ -1275,7 +1275,7 @@ fn large_quantity(seed: u64) -> Quantity<f64> {
     let layout =
         Layout { shape: vec![20, 150, 151], strides: vec![150 * 152, 152, 1], x: Some(2), y: Some(1) };
     let fill = |rng: &mut Rng| (0..layout.required()).map(|_| f64::random(rng)).collect::<Vec<_>>();
-    let q = Quantity {
+    Quantity {
         layout_x: layout.clone(),
         layout_y: layout.clone(),
         src_x: fill(&mut rng),
@@ -1285,8 +1285,7 @@ fn large_quantity(seed: u64) -> Quantity<f64> {
         pack: vec![0..20, 0..30, 2..149],
         unpack: vec![0..20, 1..148, 120..150],
         k: 1,
-    };
-    q
+    }
 }
 
 /// Packs and unpacks `q` with `packer` (on its own stream), from arrays uploaded on `stream`;
