@@ -247,6 +247,31 @@ struct Quantity<T> {
     k: u32,
 }
 
+impl Quantity<f64> {
+    /// An f64 quantity whose x and y arrays share `layout`, filled with random values.
+    fn filled(
+        rng: &mut Rng,
+        layout: &Layout,
+        pack: Vec<Range<usize>>,
+        k: u32,
+        unpack: Vec<Range<usize>>,
+    ) -> Self {
+        let mut fill = || (0..layout.required()).map(|_| f64::random(rng)).collect::<Vec<_>>();
+        let (src_x, src_y, dst_x, dst_y) = (fill(), fill(), fill(), fill());
+        Quantity {
+            layout_x: layout.clone(),
+            layout_y: layout.clone(),
+            src_x,
+            src_y,
+            dst_x,
+            dst_y,
+            pack,
+            unpack,
+            k,
+        }
+    }
+}
+
 fn random_strides(rng: &mut Rng, shape: &[usize]) -> Vec<usize> {
     let nd = shape.len();
     let mut order: Vec<usize> = (0..nd).collect();
@@ -505,19 +530,8 @@ fn every_rotation_of_a_non_square_block() {
     for k in 0..4u32 {
         for vector in [false, true] {
             let layout = Layout { shape: vec![2, 6, 7], strides: vec![64, 9, 1], x: Some(2), y: Some(1) };
-            let fill = |rng: &mut Rng| (0..layout.required()).map(|_| f64::random(rng)).collect::<Vec<_>>();
             let unpack = if k % 2 == 1 { vec![0..2, 2..6, 1..4] } else { vec![0..2, 1..4, 3..7] };
-            let q = Quantity {
-                layout_x: layout.clone(),
-                layout_y: layout.clone(),
-                src_x: fill(&mut rng),
-                src_y: fill(&mut rng),
-                dst_x: fill(&mut rng),
-                dst_y: fill(&mut rng),
-                pack: vec![0..2, 2..5, 1..5],
-                unpack,
-                k,
-            };
+            let q = Quantity::filled(&mut rng, &layout, vec![0..2, 2..5, 1..5], k, unpack);
             check_case(&[q], vector);
         }
     }
@@ -624,21 +638,10 @@ fn large_exchange_uses_threads_and_stays_exact() {
     let mut rng = Rng::new(11);
     let layout =
         Layout { shape: vec![20, 150, 151], strides: vec![152 * 151, 152, 1], x: Some(2), y: Some(1) };
-    let fill = |rng: &mut Rng| (0..layout.required()).map(|_| f64::random(rng)).collect::<Vec<_>>();
     let mut qs = Vec::new();
     for k in [0u32, 1] {
         let unpack = if k == 1 { vec![0..20, 3..150, 0..150] } else { vec![0..20, 0..150, 1..148] };
-        qs.push(Quantity {
-            layout_x: layout.clone(),
-            layout_y: layout.clone(),
-            src_x: fill(&mut rng),
-            src_y: fill(&mut rng),
-            dst_x: fill(&mut rng),
-            dst_y: fill(&mut rng),
-            pack: vec![0..20, 0..150, 2..149],
-            unpack,
-            k,
-        });
+        qs.push(Quantity::filled(&mut rng, &layout, vec![0..20, 0..150, 2..149], k, unpack));
     }
     check_case(&qs, false);
     check_case(&qs, true);
@@ -653,7 +656,6 @@ fn large_exchanges_turned_by_two_and_three_use_threads_and_stay_exact() {
     let mut rng = Rng::new(12);
     let layout =
         Layout { shape: vec![19, 149, 151], strides: vec![150 * 153, 153, 1], x: Some(2), y: Some(1) };
-    let fill = |rng: &mut Rng| (0..layout.required()).map(|_| f64::random(rng)).collect::<Vec<_>>();
     // Pack levels by 147 y by 146 x; a half turn keeps that shape, a three-quarter turn swaps
     // the horizontal extents. Unequal level counts keep the cuts off the transfers' ends.
     let cases = [
@@ -662,17 +664,7 @@ fn large_exchanges_turned_by_two_and_three_use_threads_and_stay_exact() {
     ];
     let qs: Vec<Quantity<f64>> = cases
         .into_iter()
-        .map(|(k, pack, unpack)| Quantity {
-            layout_x: layout.clone(),
-            layout_y: layout.clone(),
-            src_x: fill(&mut rng),
-            src_y: fill(&mut rng),
-            dst_x: fill(&mut rng),
-            dst_y: fill(&mut rng),
-            pack,
-            unpack,
-            k,
-        })
+        .map(|(k, pack, unpack)| Quantity::filled(&mut rng, &layout, pack, k, unpack))
         .collect();
     for vector in [false, true] {
         check_case(&qs, vector);
@@ -1134,18 +1126,8 @@ fn one_quantity(seed: u64, shape: [usize; 3]) -> Quantity<f64> {
         x: Some(2),
         y: Some(1),
     };
-    let fill = |rng: &mut Rng| (0..layout.required()).map(|_| f64::random(rng)).collect::<Vec<_>>();
-    Quantity {
-        layout_x: layout.clone(),
-        layout_y: layout.clone(),
-        src_x: fill(&mut rng),
-        src_y: fill(&mut rng),
-        dst_x: fill(&mut rng),
-        dst_y: fill(&mut rng),
-        pack: vec![0..shape[0], 0..2, 0..shape[2]],
-        unpack: vec![0..shape[0], 0..shape[2], shape[2] - 2..shape[2]],
-        k: 3,
-    }
+    let pack = vec![0..shape[0], 0..2, 0..shape[2]];
+    Quantity::filled(&mut rng, &layout, pack, 3, vec![0..shape[0], 0..shape[2], shape[2] - 2..shape[2]])
 }
 
 fn exchange_of(q: &Quantity<f64>) -> HaloExchange {
@@ -1274,18 +1256,7 @@ fn large_quantity(seed: u64) -> Quantity<f64> {
     let mut rng = Rng::new(seed);
     let layout =
         Layout { shape: vec![20, 150, 151], strides: vec![150 * 152, 152, 1], x: Some(2), y: Some(1) };
-    let fill = |rng: &mut Rng| (0..layout.required()).map(|_| f64::random(rng)).collect::<Vec<_>>();
-    Quantity {
-        layout_x: layout.clone(),
-        layout_y: layout.clone(),
-        src_x: fill(&mut rng),
-        src_y: fill(&mut rng),
-        dst_x: fill(&mut rng),
-        dst_y: fill(&mut rng),
-        pack: vec![0..20, 0..30, 2..149],
-        unpack: vec![0..20, 1..148, 120..150],
-        k: 1,
-    }
+    Quantity::filled(&mut rng, &layout, vec![0..20, 0..30, 2..149], 1, vec![0..20, 1..148, 120..150])
 }
 
 /// Packs and unpacks `q` with `packer` (on its own stream), from arrays uploaded on `stream`;
