@@ -128,6 +128,29 @@ fn ring_create_refuses_garbage_sizes() {
     }
 }
 
+/// A produce whose length is garbage (a negative size from C or Python, or just more than a
+/// slot) is refused before any byte is read or any slot is published.
+#[test]
+fn ring_produce_refuses_garbage_lengths() {
+    let mut ring: *mut CuferryRing = ptr::null_mut();
+    // SAFETY: a writable out-parameter.
+    assert_eq!(unsafe { cuferry_ring_create(CUFERRY_HOST, 2, 1024, 1, &mut ring) }, CuferryStatus::Ok);
+    let source = [7u8; 16];
+    let sources = [source.as_ptr().cast::<c_void>()];
+    for length in [usize::MAX, isize::MAX as usize + 1, 1025] {
+        // SAFETY: live handle; one readable sequence, source pointer and length each (the
+        // length lies, which is what is tested: it must be refused, not read).
+        let status = unsafe { cuferry_ring_produce(ring, &0u64, sources.as_ptr(), &length, 1, 1) };
+        assert_eq!(status, CuferryStatus::InvalidArgument, "length {length}");
+    }
+    let mut stats = CuferryRingStats::default();
+    // SAFETY: live handle, writable out-parameter.
+    assert_eq!(unsafe { cuferry_ring_stats(ring, &mut stats) }, CuferryStatus::Ok);
+    assert_eq!((stats.published, stats.occupancy), (0, 0));
+    // SAFETY: live handle, destroyed once.
+    assert_eq!(unsafe { cuferry_ring_destroy(ring) }, CuferryStatus::Ok);
+}
+
 /// A garbage range count to a batched managed call is refused (INVALID_ARGUMENT), not a
 /// capacity-overflow panic or an aborted allocation.
 #[test]

@@ -372,14 +372,7 @@ fn upload_timing_excludes_the_wait_for_the_consumer(device: Device) {
 /// device slot, recorded after that work): the slot goes back to the ring, and is handed out,
 /// intact, once the work has run.
 fn bounded_acquires_never_wait_for_the_consumers_queue(device: Device) {
-    let ring = SlotRing::new(device, RingOptions::new(1, SLOT)).unwrap();
-    let consumer = Stream::new(device).unwrap();
-    publish(&ring, 0, 0);
-    let first = ring.next(&consumer).unwrap();
-    let gate = common::Gate::hold(&consumer);
-    drop(first); // released behind the gate
-    publish(&ring, 0, 1); // its upload waits for that release
-    drop(ring.next(&consumer).unwrap()); // the device slot is free again; the host slot is not
+    let (ring, consumer, gate) = ring_waiting_for_an_upload(device);
     match ring.try_acquire() {
         Err(Error::WouldBlock { .. }) => {}
         other => panic!("try_acquire: expected WouldBlock, got {other:?}"),
@@ -397,8 +390,55 @@ fn bounded_acquires_never_wait_for_the_consumers_queue(device: Device) {
     assert_eq!(ring.stats().occupancy, 0, "{:?}", ring.stats());
 }
 
+/// A depth-1 ring whose free host slot's last upload waits for a release held back behind
+/// the returned gate on the returned consumer stream (its device slot is free).
+fn ring_waiting_for_an_upload(device: Device) -> (Arc<SlotRing>, Stream, common::Gate) {
+    let ring = Arc::new(SlotRing::new(device, RingOptions::new(1, SLOT)).unwrap());
+    let consumer = Stream::new(device).unwrap();
+    publish(&ring, 0, 0);
+    let first = ring.next(&consumer).unwrap();
+    let gate = common::Gate::hold(&consumer);
+    drop(first); // released behind the gate
+    publish(&ring, 0, 1); // its upload waits for that release
+    drop(ring.next(&consumer).unwrap()); // the device slot is free again; the host slot is not
+    (ring, consumer, gate)
+}
+
+/// A close reaches a producer waiting for its host slot's last upload (queued behind a release
+/// held back on the consumer's stream): one polling with a timeout gets `Error::Closed` at
+/// once, one blocked in `acquire` gets it once the upload has finished. Neither is handed a
+/// slot of the closed ring.
+fn close_reaches_producers_waiting_for_an_upload(device: Device) {
+    let (ring, consumer, gate) = ring_waiting_for_an_upload(device);
+    let polling = Arc::clone(&ring);
+    let polling = std::thread::spawn(move || polling.acquire_timeout(Duration::from_secs(60)).map(drop));
+    std::thread::sleep(Duration::from_millis(50)); // it holds the slots and polls the upload
+    ring.close();
+    let closed_at = std::time::Instant::now();
+    let polled = polling.join().unwrap();
+    assert!(matches!(polled, Err(Error::Closed { .. })), "acquire_timeout after close: {polled:?}");
+    assert!(closed_at.elapsed() < Duration::from_secs(5), "acquire_timeout ran on after the close");
+    assert!(!gate.passed(), "the polling producer returned only once the upload finished");
+    gate.open();
+    consumer.synchronize().unwrap();
+    assert_eq!(ring.stats().occupancy, 0, "{:?}", ring.stats());
+
+    let (ring, consumer, gate) = ring_waiting_for_an_upload(device);
+    let blocked = Arc::clone(&ring);
+    let blocked = std::thread::spawn(move || blocked.acquire().map(drop));
+    std::thread::sleep(Duration::from_millis(50)); // it holds the slots and waits for the upload
+    assert_eq!(ring.stats().occupancy, 1, "the producer did not take the slot");
+    ring.close();
+    gate.open();
+    let blocked = blocked.join().unwrap();
+    assert!(matches!(blocked, Err(Error::Closed { .. })), "acquire after close: {blocked:?}");
+    consumer.synchronize().unwrap();
+    assert_eq!(ring.stats().occupancy, 0, "{:?}", ring.stats());
+}
+
 on_both_backends! {
     bounded_acquires_never_wait_for_the_consumers_queue => bounded_acquires_never_wait_for_the_consumers_queue;
+    close_reaches_producers_waiting_for_an_upload => close_reaches_producers_waiting_for_an_upload;
     failed_submissions => failed_submissions;
     depths_and_speeds => depths_and_speeds;
     several_producers => several_producers;
@@ -417,10 +457,20 @@ on_both_backends! {
 
 /// A depth-1 ring over `FlakyBackend` (no failed submissions) as `configure` sets it up.
 fn flaky_ring(device: Device, configure: impl FnOnce(FlakyBackend) -> FlakyBackend) -> SlotRing {
+    flaky_ring_with(device, 1, configure).unwrap()
+}
+
+/// A ring of `depth` slots over `FlakyBackend` (no failed submissions) as `configure` sets it
+/// up, or the ring's refusal.
+fn flaky_ring_with(
+    device: Device,
+    depth: usize,
+    configure: impl FnOnce(FlakyBackend) -> FlakyBackend,
+) -> cuferry::Result<SlotRing> {
     let mut inner = StreamTransferBackend::new(device, false).unwrap();
-    inner.allocate_host_slots(1, SLOT).unwrap();
-    inner.allocate_device_slots(1, SLOT).unwrap();
-    SlotRing::with_backend(Box::new(configure(FlakyBackend::new(inner, usize::MAX)))).unwrap()
+    inner.allocate_host_slots(depth, SLOT).unwrap();
+    inner.allocate_device_slots(depth, SLOT).unwrap();
+    SlotRing::with_backend(Box::new(configure(FlakyBackend::new(inner, usize::MAX))))
 }
 
 /// A custom backend panicking in `next` (ordering the consumer's stream) or in `release`
@@ -653,12 +703,44 @@ fn bad_ring_options() {
     let mut backend = StreamTransferBackend::new(Device::Host, false).unwrap();
     assert!(matches!(backend.allocate_host_slots(usize::MAX, 1), Err(Error::InvalidArgument { .. })));
     assert!(matches!(backend.allocate_device_slots(usize::MAX, 1), Err(Error::InvalidArgument { .. })));
+    let too_many = vec![Vec::new(); MAX_RING_DEPTH + 1];
+    assert!(matches!(backend.register_host_slots(too_many), Err(Error::InvalidArgument { .. })));
+    // A custom backend claiming more slots than a ring has is refused, not queued slot by slot.
+    for count in [MAX_RING_DEPTH + 1, usize::MAX] {
+        let ring = flaky_ring_with(Device::Host, 1, |b| b.overstating_slot_counts(count));
+        assert!(matches!(ring, Err(Error::InvalidArgument { .. })), "{count} slots");
+    }
     for threads in [MAX_PACK_THREADS + 1, usize::MAX] {
         assert!(
             matches!(PackExecutor::new(threads), Err(Error::InvalidArgument { .. })),
             "{threads} threads"
         );
     }
+}
+
+/// Stats read while producers take and give back slots never show an occupancy above the
+/// high-water mark (the two are separate counters, raised one after the other).
+#[test]
+fn stats_never_show_occupancy_above_the_high_water_mark() {
+    let ring = SlotRing::new(Device::Host, RingOptions::new(8, 64)).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        for _ in 0..2 {
+            scope.spawn(|| {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    drop(ring.acquire().unwrap()); // unpublished: both slots go back
+                }
+            });
+        }
+        for read in 0..200_000 {
+            let s = ring.stats();
+            if s.occupancy > s.high_water {
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                panic!("read {read}: occupancy {} above the high-water mark {}", s.occupancy, s.high_water);
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
 }
 
 /// A publish of 0 bytes queues no copy, yet its slot is still ordered after the previous

@@ -169,7 +169,8 @@ pub(crate) unsafe fn write_out<T>(out: *mut T, value: T) -> Result<()> {
     Ok(())
 }
 
-/// Reads `n` C structs or handles.
+/// Reads `n` C structs, handles or bytes. A NULL `ptr` with `n` not 0, and an `n` no buffer
+/// can hold (more than `isize::MAX` bytes: a negative size from C or Python), are errors.
 ///
 /// # Safety
 ///
@@ -180,6 +181,9 @@ pub(crate) unsafe fn slice_of<'a, T>(ptr: *const T, n: usize, what: &str) -> Res
     }
     if ptr.is_null() {
         return Err(Error::invalid(format!("{what} is NULL")));
+    }
+    if n > isize::MAX as usize / std::mem::size_of::<T>().max(1) {
+        return Err(Error::invalid(format!("{what} of {n} elements is larger than any buffer")));
     }
     // SAFETY: the caller's contract: `n` readable elements.
     Ok(unsafe { std::slice::from_raw_parts(ptr, n) })

@@ -266,10 +266,18 @@ pub unsafe extern "C" fn cuferry_ring_produce(
         if let Some(i) = (0..n).find(|&i| sources[i].is_null() && lengths[i] > 0) {
             return Err(Error::invalid(format!("source {i} is NULL")));
         }
+        let slot_bytes = ring.ring.slot_bytes();
+        if let Some(i) = (0..n).find(|&i| lengths[i] > slot_bytes) {
+            return Err(Error::invalid(format!(
+                "item {i} of {} bytes does not fit a slot of {slot_bytes} bytes",
+                lengths[i]
+            )));
+        }
         let items = (0..n).map(|i| {
             // SAFETY: `sources[i]` is readable for `lengths[i]` bytes (non-NULL when the length
             // is not 0, checked above) and unchanged during the call, which outlives every copy
-            // `produce` queues (it waits for all of them).
+            // `produce` queues (it waits for all of them). It cannot fail: NULL and lengths
+            // no slot holds were refused above.
             let data =
                 unsafe { slice_of(sources[i].cast::<u8>(), lengths[i], "a source") }.unwrap_or_default();
             SlotFill::bytes(sequences[i], data)

@@ -340,6 +340,7 @@ impl TransferBackend for StreamTransferBackend {
     }
 
     fn register_host_slots(&mut self, slots: Vec<Vec<u8>>) -> Result<()> {
+        check_slot_count(slots.len())?;
         let slots = slots
             .into_iter()
             .map(|v| HostRegistration::new(self.device, v).map(HostSlot::Registered))

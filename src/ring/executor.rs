@@ -9,8 +9,9 @@
 //!   waits on a sleeping worker for a chunk nobody has started. The pipelined fill's producer
 //!   does so only when the executor has no workers (it has slots to publish).
 //! - [`PackExecutor::copy`] returns only when every chunk has been copied, so the borrowed
-//!   slices outlive the work; the calling thread copies one chunk itself. Its chunks are at
-//!   least [`MIN_CHUNK`] bytes, so small copies stay on the calling thread.
+//!   slices outlive the work; the calling thread copies one chunk itself. It splits into at
+//!   most `len / MIN_CHUNK` chunks (the last may be a few cache lines short of
+//!   [`MIN_CHUNK`]), so copies under twice [`MIN_CHUNK`] stay on the calling thread.
 //! - Copies queued without waiting (the ring's pipelined fill, [`SlotRing::produce`]) are
 //!   crate-internal: whoever queues them keeps the memory alive until their latch is done.
 //! - Dropping the executor stops and joins its threads after the queued chunks.
@@ -36,7 +37,8 @@ use crate::work_queue::WorkQueue;
 /// garbage count into an error instead of thousands of threads or an aborted allocation.
 pub const MAX_PACK_THREADS: usize = 1024;
 
-/// The smallest piece [`PackExecutor::copy`] hands to a worker thread.
+/// The smallest piece [`PackExecutor::copy`] hands to a worker thread (copies shorter than
+/// twice this are not split).
 pub const MIN_CHUNK: usize = 256 << 10;
 
 /// The smallest piece of a queued copy. Queued chunks wait in line while workers are busy,
@@ -140,6 +142,12 @@ fn split(range: RawCopy, pieces: usize) -> impl Iterator<Item = RawCopy> {
     })
 }
 
+/// How many pieces a copy of `len` bytes is split into: one per thread at most, none shorter
+/// than `min` (but for the 64-byte rounding of [`split`]), at least one.
+fn pieces(len: usize, threads: usize, min: usize) -> usize {
+    threads.min(len / min).max(1)
+}
+
 /// A pool of copy threads. See the [module docs](crate::ring).
 ///
 /// # Examples
@@ -231,7 +239,7 @@ impl PackExecutor {
             )));
         }
         let len = src.len();
-        let pieces = self.threads().min(len.div_ceil(MIN_CHUNK)).max(1);
+        let pieces = pieces(len, self.threads(), MIN_CHUNK);
         if pieces == 1 {
             dst.copy_from_slice(src);
             return Ok(());
@@ -276,7 +284,7 @@ impl PackExecutor {
     ///
     /// As [`PackExecutor::queue`], for every range.
     pub(super) unsafe fn queue_split(&self, ranges: &[RawCopy]) -> Arc<Latch> {
-        let pieces = |len: usize| self.threads().min(len.div_ceil(MIN_QUEUED_CHUNK)).max(1);
+        let pieces = |len: usize| pieces(len, self.threads(), MIN_QUEUED_CHUNK);
         // SAFETY: forwarded; the chunks are disjoint pieces of the caller's ranges.
         unsafe { self.queue(ranges.iter().flat_map(|&r| split(r, pieces(r.len)))) }
     }
@@ -325,6 +333,34 @@ mod tests {
 
     fn pattern(len: usize, seed: u8) -> Vec<u8> {
         (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    }
+
+    /// Chunks are never much shorter than the minimum: copies under twice it stay whole, and
+    /// in longer ones only the last chunk may be short, by the 64-byte rounding alone.
+    #[test]
+    fn chunks_keep_the_minimum_size() {
+        for min in [MIN_CHUNK, MIN_QUEUED_CHUNK] {
+            for len in
+                [1, min - 1, min, min + 1, 2 * min - 1, 2 * min, 3 * min + 5, 16 * min + 4097, 100 * min]
+            {
+                for threads in [1, 2, 3, 4, 16] {
+                    let n = pieces(len, threads, min);
+                    let range = RawCopy { src: std::ptr::null(), dst: std::ptr::null_mut(), len };
+                    let lens: Vec<usize> = split(range, n).map(|c| c.len).collect();
+                    assert_eq!(lens.iter().sum::<usize>(), len, "{len} bytes, {threads} threads");
+                    assert!(lens.len() <= threads, "{len} bytes: more chunks than {threads} threads");
+                    if len < 2 * min {
+                        assert_eq!(lens.len(), 1, "{len} bytes were split ({min} minimum)");
+                    }
+                    let (last, rest) = lens.split_last().unwrap();
+                    assert!(rest.iter().all(|&c| c >= min), "{len} bytes, {threads} threads: {lens:?}");
+                    assert!(
+                        *last + 64 * rest.len() >= min.min(len),
+                        "{len} bytes, {threads} threads: {lens:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

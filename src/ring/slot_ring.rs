@@ -21,6 +21,9 @@
 //!   which stays usable. [`SlotRing::fail`] closes the ring with an error; [`SlotRing::close`]
 //!   closes it cleanly. After closing, producers get [`Error::Closed`]; consumers first drain
 //!   every slot already published, then get [`Error::Closed`] (carrying the failure, if any).
+//!   A producer waiting for its host slot's last upload gets [`Error::Closed`] too: at the
+//!   next poll with a timeout, or, blocked in [`SlotRing::acquire`], once that upload has
+//!   finished (it runs once the consumers' queued work has); a close never hands it a slot.
 //! - Slots, guards and the ring share one allocation: memory lives until the last guard is
 //!   dropped, and is freed only after queued uploads finish.
 //! - The counters count a slot as published before any consumer can receive it.
@@ -295,12 +298,18 @@ impl SlotRing {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] when the backend has no host or no device slot.
+    /// [`Error::InvalidArgument`] when the backend has no host or no device slot, or more
+    /// than [`MAX_RING_DEPTH`] of either.
     pub fn with_backend(backend: Box<dyn TransferBackend>) -> Result<Self> {
         let (hosts, devices) = (backend.host_slot_count(), backend.device_slot_count());
         if hosts == 0 || devices == 0 {
             return Err(Error::invalid(format!(
                 "a ring needs host and device slots ({hosts} host, {devices} device given)"
+            )));
+        }
+        if hosts.max(devices) > MAX_RING_DEPTH {
+            return Err(Error::invalid(format!(
+                "{hosts} host and {devices} device slots exceed the most a ring has ({MAX_RING_DEPTH})"
             )));
         }
         let free_host = unbounded();
@@ -349,9 +358,11 @@ impl SlotRing {
     /// The counters now.
     pub fn stats(&self) -> RingStats {
         let s = &self.shared;
+        let occupancy = s.occupancy.load(Ordering::Acquire);
         RingStats {
-            occupancy: s.occupancy.load(Ordering::Acquire),
-            high_water: s.high_water.load(Ordering::Acquire),
+            occupancy,
+            // Raised just after occupancy (two counters): never shown below it.
+            high_water: s.high_water.load(Ordering::Acquire).max(occupancy),
             producer_waits: s.producer_waits.load(Ordering::Relaxed),
             published: s.published.load(Ordering::Relaxed),
             bytes: s.bytes.load(Ordering::Relaxed),
@@ -664,11 +675,23 @@ impl UnwaitedSlot {
         self.0.shared.backend.host_slot_idle(self.0.host)
     }
 
-    /// Waits for the host slot's last upload and hands the slot to the producer. On an error
-    /// both slots go back to the ring.
+    /// Waits for the host slot's last upload and hands the slot to the producer. On an error,
+    /// or when the ring was closed before or during the wait ([`Error::Closed`]), both slots go
+    /// back to the ring.
     pub(super) fn wait(self) -> Result<ProducerSlot> {
+        self.check_open()?;
         self.0.shared.backend.wait_host_slot(self.0.host)?;
+        self.check_open()?;
         Ok(self.0)
+    }
+
+    /// [`Error::Closed`] once the ring is closed.
+    fn check_open(&self) -> Result<()> {
+        let s = &self.0.shared;
+        if s.is_closed() {
+            return Err(s.closed_error());
+        }
+        Ok(())
     }
 
     /// Like [`UnwaitedSlot::wait`], polling until `deadline` (`None`: only once): when the
@@ -678,6 +701,7 @@ impl UnwaitedSlot {
         const WHAT: &str = "the free host slot's last upload is still running";
         let mut pause = UPLOAD_POLL.0;
         loop {
+            self.check_open()?;
             if self.upload_done()? {
                 return self.wait();
             }

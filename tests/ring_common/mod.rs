@@ -1,5 +1,6 @@
 //! Helpers shared by the ring tests (included with `#[path]`): a backend that misbehaves on
-//! purpose (failed submissions, panics, an overstated slot size), as a custom backend may.
+//! purpose (failed submissions, panics, an overstated slot size or count), as a custom backend
+//! may.
 #![allow(dead_code)]
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -9,7 +10,8 @@ use cuferry::ring::{StreamTransferBackend, TransferBackend, TransferCapabilities
 use cuferry::{Device, DeviceBuffer, Error, Stream};
 
 /// A backend whose every `fail_every`-th submission fails, wrapping the real one; optionally
-/// it panics once in `wait_stream_for_ready` or `release`, or overstates its slot size.
+/// it panics once in `wait_stream_for_ready` or `release`, or overstates its slot size or
+/// count.
 pub struct FlakyBackend {
     inner: StreamTransferBackend,
     calls: AtomicUsize,
@@ -17,6 +19,7 @@ pub struct FlakyBackend {
     panic_in_wait: AtomicBool,
     panic_in_release: AtomicBool,
     claimed_slot_bytes: Option<usize>,
+    claimed_slot_count: Option<usize>,
 }
 
 impl FlakyBackend {
@@ -30,6 +33,7 @@ impl FlakyBackend {
             panic_in_wait: AtomicBool::new(false),
             panic_in_release: AtomicBool::new(false),
             claimed_slot_bytes: None,
+            claimed_slot_count: None,
         }
     }
 
@@ -53,6 +57,15 @@ impl FlakyBackend {
     }
 }
 
+impl FlakyBackend {
+    /// `host_slot_count` and `device_slot_count` say `count` (a garbage count from a custom
+    /// backend).
+    pub fn overstating_slot_counts(mut self, count: usize) -> Self {
+        self.claimed_slot_count = Some(count);
+        self
+    }
+}
+
 impl TransferBackend for FlakyBackend {
     fn capabilities(&self) -> TransferCapabilities {
         self.inner.capabilities()
@@ -70,10 +83,10 @@ impl TransferBackend for FlakyBackend {
         self.inner.allocate_device_slots(count, bytes)
     }
     fn host_slot_count(&self) -> usize {
-        self.inner.host_slot_count()
+        self.claimed_slot_count.unwrap_or_else(|| self.inner.host_slot_count())
     }
     fn device_slot_count(&self) -> usize {
-        self.inner.device_slot_count()
+        self.claimed_slot_count.unwrap_or_else(|| self.inner.device_slot_count())
     }
     fn slot_bytes(&self) -> usize {
         self.claimed_slot_bytes.unwrap_or_else(|| self.inner.slot_bytes())
