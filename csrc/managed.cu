@@ -68,16 +68,19 @@ cuferry_status cuferry_cuda_free_async(void *ptr, cuferry_stream stream) {
 cuferry_status cuferry_cuda_mem_pool_stats(cuferry_mem_pool pool, cuferry_pool_stats *stats) {
   CF_REQUIRE(pool);
   CF_REQUIRE(stats);
+  /* Read one by one while other threads allocate: each current before its high-water mark,
+     used before reserved (an allocation reserves before it uses), so later reads cover
+     earlier ones. */
   unsigned long long v[4] = {0, 0, 0, 0};
-  const cudaMemPoolAttr attrs[4] = {cudaMemPoolAttrReservedMemCurrent, cudaMemPoolAttrReservedMemHigh,
-                                    cudaMemPoolAttrUsedMemCurrent, cudaMemPoolAttrUsedMemHigh};
+  const cudaMemPoolAttr attrs[4] = {cudaMemPoolAttrUsedMemCurrent, cudaMemPoolAttrReservedMemCurrent,
+                                    cudaMemPoolAttrUsedMemHigh, cudaMemPoolAttrReservedMemHigh};
   for (int i = 0; i < 4; ++i) {
     CF_TRY(cudaMemPoolGetAttribute(cf_pool(pool), attrs[i], &v[i]));
   }
-  stats->reserved_current = v[0];
-  stats->reserved_high = v[1];
-  stats->used_current = v[2];
-  stats->used_high = v[3];
+  stats->used_current = v[0];
+  stats->reserved_current = v[1];
+  stats->used_high = v[2];
+  stats->reserved_high = v[3];
   return CUFERRY_STATUS_SUCCESS;
 }
 

@@ -219,7 +219,10 @@ fn stats_snapshots_are_consistent(device: Device) {
     let mut torn = None;
     while torn.is_none() && started.elapsed() < std::time::Duration::from_secs(2) {
         let s = pool.stats().unwrap();
-        if s.used_current > s.used_high || s.reserved_current > s.reserved_high {
+        if s.used_current > s.used_high
+            || s.reserved_current > s.reserved_high
+            || s.used_current > s.reserved_current
+        {
             torn = Some(s);
         }
     }
@@ -227,7 +230,81 @@ fn stats_snapshots_are_consistent(device: Device) {
     for w in workers {
         w.join().unwrap();
     }
-    assert!(torn.is_none(), "a snapshot shows more in use than its high-water mark: {torn:?}");
+    assert!(
+        torn.is_none(),
+        "a snapshot shows more in use than its high-water mark or than reserved: {torn:?}"
+    );
+}
+
+/// A pool's size limit holds where cuferry keeps it (the host backend, `cudaMallocManaged`)
+/// and where the driver does (a managed pool): allocations past it fail as out of memory,
+/// freed bytes can be allocated again, and threads allocating at once never pass it together.
+fn a_size_limit_is_kept(device: Device) {
+    const LIMIT: usize = 8 << 20;
+    for use_malloc_managed in [false, true] {
+        let options = ManagedPoolOptions { max_size: LIMIT, use_malloc_managed, ..Default::default() };
+        let pool = match ManagedPool::new(device, options) {
+            Ok(pool) => pool,
+            Err(e) => {
+                // A driver without managed pools refuses a limit rather than drop it.
+                assert!(matches!(e, Error::Unsupported { .. }), "{e:?}");
+                continue;
+            }
+        };
+        let stream = Stream::new(device).unwrap();
+        let half = pool.alloc::<u8>(LIMIT / 2, &stream).unwrap();
+        let over = pool.alloc::<u8>(LIMIT, &stream);
+        assert!(over.is_err(), "{:?} pool: {LIMIT} bytes more were allocated past its limit", pool.kind());
+        drop(half);
+        stream.synchronize().unwrap();
+        let whole = pool.alloc::<u8>(LIMIT / 2, &stream).unwrap();
+        drop(whole);
+        stream.synchronize().unwrap();
+        if pool.kind() == PoolKind::ManagedPool {
+            continue; // the driver's limit counts reserved bytes, which the threads below blur
+        }
+        let peak = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| {
+                    let stream = Stream::new(device).unwrap();
+                    for _ in 0..50 {
+                        if let Ok(buf) = pool.alloc::<u8>(3 << 20, &stream) {
+                            let used = pool.stats().unwrap().used_current as usize;
+                            peak.fetch_max(used, std::sync::atomic::Ordering::Relaxed);
+                            drop(buf);
+                        }
+                    }
+                    stream.synchronize().unwrap();
+                });
+            }
+        });
+        let peak = peak.into_inner();
+        assert!((3 << 20..=LIMIT).contains(&peak), "{:?} pool: {peak} bytes in use at once", pool.kind());
+        assert!(pool.stats().unwrap().used_high as usize <= LIMIT);
+    }
+}
+
+/// A `prefetch_each` that sends the same bytes to two locations is refused (CUDA does not
+/// order the operations of one batch); disjoint parts of one allocation may go to two.
+fn the_same_bytes_to_two_locations_are_refused(device: Device) {
+    let pool = pool(device);
+    let stream = Stream::new(device).unwrap();
+    let a = pool.alloc::<u32>(1024, &stream).unwrap();
+    let here = Location::of(device);
+    let elsewhere = if device.is_host() { Location::HostNumaCurrent } else { Location::Host };
+    if !pool.capabilities().concurrent_managed_access && !device.is_host() {
+        println!("SKIP: {device} lacks concurrentManagedAccess");
+        return;
+    }
+    let both = prefetch_each(&[(a.range(), here), (a.subrange(1000..1024).unwrap(), elsewhere)], &stream);
+    assert!(matches!(both, Err(Error::InvalidArgument { .. })), "{both:?}");
+    let split = prefetch_each(
+        &[(a.subrange(0..512).unwrap(), here), (a.subrange(512..1024).unwrap(), elsewhere)],
+        &stream,
+    );
+    assert_eq!(split.unwrap(), 4096, "disjoint halves to two locations");
+    stream.synchronize().unwrap();
 }
 
 /// Discarding a buffer, or part of one, leaves the bytes around the range intact: the rest of
@@ -274,6 +351,8 @@ on_both_backends! {
     data_through_prefetch => data_through_prefetch;
     bulk_round_trip => bulk_round_trip;
     stats_snapshots_are_consistent => stats_snapshots_are_consistent;
+    a_size_limit_is_kept => a_size_limit_is_kept;
+    the_same_bytes_to_two_locations_are_refused => the_same_bytes_to_two_locations_are_refused;
 }
 
 #[test]

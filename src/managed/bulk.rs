@@ -3,7 +3,9 @@
 //!
 //! Rules:
 //! - Ranges of one allocation are merged (overlaps and neighbours), so an allocation shared by
-//!   several views is counted, and moved, once. Each call returns the bytes it touched.
+//!   several views is counted, and moved, once. Each call returns the bytes it touched. A
+//!   [`prefetch_each`] that sends the same bytes to two locations is refused: CUDA does not
+//!   order the operations of one batch, so where they ended up would be undefined.
 //! - Prefetches are grouped by location into one `cudaMemPrefetchBatchAsync`; a set that merges
 //!   into a single range uses `cudaMemPrefetchAsync`. Sets of 8 ranges or more (not discards)
 //!   are instead spread over 4 helper streams of the device, one `cudaMemPrefetchAsync` each,
@@ -132,7 +134,9 @@ fn trackers<'a>(ranges: &[ManagedRange<'a>]) -> Vec<(&'a UseTracker, Access)> {
     seen.into_iter().map(|(_, t)| (t, Access::Write)).collect()
 }
 
-/// Prefetches every range to its own location in one batched call; returns the bytes.
+/// Prefetches every range to its own location in one batched call (8 ranges or more: over
+/// helper streams, as the module rules say); returns the bytes. The same bytes sent to two
+/// locations are refused.
 ///
 /// # Errors
 ///
@@ -141,7 +145,8 @@ pub fn prefetch_each(items: &[(ManagedRange<'_>, Location)], stream: &Stream) ->
     prefetch_grouped(items, stream, false)
 }
 
-/// Prefetches every range to `location` in one batched call; returns the bytes.
+/// Prefetches every range to `location` in one batched call (8 ranges or more: over helper
+/// streams, as the module rules say); returns the bytes.
 ///
 /// # Examples
 ///
@@ -200,8 +205,10 @@ fn prefetch_grouped(items: &[(ManagedRange<'_>, Location)], stream: &Stream, dis
     }
     let mut batch = Batch { ptrs: Vec::new(), sizes: Vec::new(), locations: Vec::new(), starts: Vec::new() };
     let mut total = 0;
+    let mut spans = Vec::new(); // every group's merged (address, bytes), to check for overlaps
     for (location, group) in &groups {
         let (merged, bytes) = merge(group.iter().copied());
+        spans.extend(merged.iter().map(|&(p, n)| (p as usize, n)));
         batch.starts.push(batch.ptrs.len());
         batch.locations.push(location.raw()?);
         for (p, n) in merged {
@@ -209,6 +216,15 @@ fn prefetch_grouped(items: &[(ManagedRange<'_>, Location)], stream: &Stream, dis
             batch.sizes.push(n);
         }
         total += bytes;
+    }
+    // Within a group the spans are merged, and allocations never share addresses: an overlap
+    // is the same bytes sent to two locations.
+    spans.sort_unstable();
+    if let Some(w) = spans.windows(2).find(|w| w[1].0 < w[0].0 + w[0].1) {
+        return Err(Error::invalid(format!(
+            "{what}: the bytes at {:#x} are sent to two locations in one call",
+            w[1].0
+        )));
     }
     if !cuda || batch.ptrs.is_empty() {
         return Ok(total);

@@ -9,7 +9,9 @@
 //! - [`ManagedBuffer`] frees in stream order after all its uses and orders its uses like every
 //!   cuferry buffer.
 //! - [`prefetch_all`], [`advise_all`], [`discard_all`] and [`discard_and_prefetch_all`] make one
-//!   batched call for a set of buffers and count an allocation shared by several views once.
+//!   batched call for a set of buffers (a prefetch of 8 ranges or more is instead spread over
+//!   helper streams, which migrate in parallel: see `bulk`'s rules) and count an allocation
+//!   shared by several views once.
 //! - Capabilities are probed: without `concurrentManagedAccess`, prefetch, advice and host
 //!   access (`as_slice`, where a CPU touch faults while any kernel runs) return
 //!   [`Error::Unsupported`](crate::Error::Unsupported) naming it; never a silent no-op.

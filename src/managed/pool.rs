@@ -38,8 +38,10 @@ const INVALID_VALUE: i32 = 1;
 pub struct ManagedPoolOptions {
     /// Make the device the pool's preferred location (false: no preferred location).
     pub prefer_device: bool,
-    /// Most bytes the pool may reserve; 0 leaves the driver's default. Not kept with
-    /// `use_malloc_managed`.
+    /// Most bytes the pool may reserve; 0 leaves the driver's default (no limit). A CUDA
+    /// managed pool's driver keeps it; with `use_malloc_managed` and on the host backend
+    /// cuferry keeps it, counting the bytes of live allocations. An allocation past it fails
+    /// as one out of memory does.
     pub max_size: usize,
     /// Bytes the pool keeps reserved across synchronizations (`u64::MAX`: keep everything,
     /// the fastest for reuse).
@@ -144,6 +146,54 @@ impl PoolInner {
         if bytes == 0 {
             return Err(Error::invalid("a managed allocation of 0 bytes"));
         }
+        // Where cuferry keeps the limit, the bytes are counted before allocating (so threads
+        // allocating at once never pass it together) and given back if the allocation fails.
+        let counted = self.count_within_limit(bytes)?;
+        let allocated = self.allocate(bytes, stream, zero_host);
+        let ptr = match allocated {
+            Ok(ptr) => ptr,
+            Err(e) => {
+                if counted.is_some() {
+                    self.used.fetch_sub(bytes as u64, Ordering::AcqRel);
+                }
+                return Err(e);
+            }
+        };
+        let now =
+            counted.unwrap_or_else(|| self.used.fetch_add(bytes as u64, Ordering::AcqRel) + bytes as u64);
+        self.used_high.fetch_max(now, Ordering::AcqRel);
+        Ok(ptr)
+    }
+
+    /// The limit cuferry keeps itself (`max_size`, for the host and `cudaMallocManaged`
+    /// kinds; a CUDA managed pool's driver keeps its own), if any.
+    fn own_limit(&self) -> Option<u64> {
+        let max_size = self.key.2 as u64;
+        (self.kind != PoolKind::ManagedPool && max_size != 0).then_some(max_size)
+    }
+
+    /// With a limit of cuferry's own: counts `bytes` as used and returns the count after, or
+    /// fails as out of memory when they do not fit. Without one: `None`, nothing counted.
+    fn count_within_limit(&self, bytes: usize) -> Result<Option<u64>> {
+        let Some(limit) = self.own_limit() else { return Ok(None) };
+        let mut used = self.used.load(Ordering::Acquire);
+        loop {
+            let after = used.saturating_add(bytes as u64);
+            if after > limit {
+                return Err(Error::unsupported(format!(
+                    "a managed pool of at most {limit} bytes has {used} in use: {bytes} more do not fit \
+                     (out of memory)"
+                )));
+            }
+            match self.used.compare_exchange_weak(used, after, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Ok(Some(after)),
+                Err(now) => used = now,
+            }
+        }
+    }
+
+    /// Allocates `bytes > 0` bytes from the pool's allocator, uncounted.
+    fn allocate(&self, bytes: usize, stream: Option<RawStream>, zero_host: bool) -> Result<*mut u8> {
         let ptr = match (self.kind, self.raw, self.device) {
             (PoolKind::ManagedPool, Some(pool), _) => {
                 let s =
@@ -172,8 +222,6 @@ impl PoolInner {
                 p
             }
         };
-        let now = self.used.fetch_add(bytes as u64, Ordering::AcqRel) + bytes as u64;
-        self.used_high.fetch_max(now, Ordering::AcqRel);
         Ok(ptr)
     }
 
@@ -218,11 +266,14 @@ impl PoolInner {
     fn stats(&self) -> Result<PoolStats> {
         if let (PoolKind::ManagedPool, Some(pool)) = (self.kind, self.raw) {
             let s = raw::pool_stats(pool)?;
+            // Four driver reads, not one snapshot: a frees-and-trim between them could still
+            // show less reserved than used, or a mark below its current value.
+            let reserved_current = s.reserved_current.max(s.used_current);
             return Ok(PoolStats {
-                reserved_current: s.reserved_current,
-                reserved_high: s.reserved_high,
+                reserved_current,
+                reserved_high: s.reserved_high.max(reserved_current),
                 used_current: s.used_current,
-                used_high: s.used_high,
+                used_high: s.used_high.max(s.used_current),
             });
         }
         // Read apart, the two may straddle an allocation that raised `used` but not yet the
@@ -301,9 +352,9 @@ impl ManagedPool {
     ///
     /// [`Error::Unsupported`] naming `managedMemory` when the device has no managed memory, or
     /// when the device or its driver refuses managed pools while `options.max_size` is set
-    /// (without a limit the pool falls back to `cudaMallocManaged`, which cannot keep to one;
-    /// with `use_malloc_managed` the limit is not kept); errors of
-    /// probing the device or creating the pool.
+    /// (without a limit the pool falls back to `cudaMallocManaged`; a limit asked of a managed
+    /// pool is not silently turned into cuferry's count of live bytes); errors of probing the
+    /// device or creating the pool.
     pub fn new(device: Device, options: ManagedPoolOptions) -> Result<Self> {
         let caps = ManagedCapabilities::probe(device)?;
         let ordinal = match device {
