@@ -4,7 +4,9 @@
 //! - Each `record` starts a new generation; the event's state is that of its latest one.
 //! - A wait captures a generation and returns once that generation has completed, whatever
 //!   is recorded later (the `cudaStreamWaitEvent` rule).
-//! - A generation whose job could not be queued is completed at once, so no one waits forever.
+//! - A record whose job could not be queued is undone (the event stays as it was, as after a
+//!   failed `cudaEventRecord`), so no one waits for it and an earlier pending record still
+//!   counts.
 //! - A generation becomes visible (to `pending_generation`, hence to `wait_event`) only with
 //!   its completion job already queued: the record holds the event's lock through the submit.
 //!   A wait queued on the same stream in between would sit in front of that job and block the
@@ -46,7 +48,7 @@ impl HostEventState {
     ///
     /// # Errors
     ///
-    /// The queue's, when the job cannot be queued (the generation is completed then).
+    /// The queue's, when the job cannot be queued (the record is undone then).
     pub(crate) fn record_on(self: &Arc<Self>, queue: &HostQueue) -> Result<()> {
         let mut g = self.lock();
         g.recorded += 1;
@@ -56,15 +58,19 @@ impl HostEventState {
             return Ok(());
         }
         g.pending.insert(generation);
-        g.latest_completed_at = None;
+        let former_completed_at = g.latest_completed_at.take();
         let state = Arc::clone(self);
         let queued = queue.submit(Box::new(move || {
             state.complete(generation);
             Ok(())
         }));
         if queued.is_err() {
+            // Undone, as a failed `cudaEventRecord` leaves the event as it was: completing the
+            // new generation instead would hide a record still pending on another stream.
+            // Nobody saw it: the lock was held throughout.
             g.pending.remove(&generation);
-            g.latest_completed_at = Some(Instant::now());
+            g.recorded -= 1;
+            g.latest_completed_at = former_completed_at;
         }
         queued
     }
@@ -94,5 +100,38 @@ impl HostEventState {
     pub(crate) fn timing(&self) -> (bool, Option<Instant>) {
         let g = self.lock();
         (g.recorded > 0, g.latest_completed_at)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{mpsc, Arc};
+
+    use super::HostEventState;
+    use crate::stream::HostQueue;
+
+    /// A record that cannot be queued leaves the event as it was: a record still pending on
+    /// another queue stays pending (waits and queries still cover its work), and the failed
+    /// one is not waited for.
+    #[test]
+    fn a_failed_record_leaves_an_earlier_pending_one() {
+        let live = HostQueue::new(9101).unwrap();
+        let (open, gate) = mpsc::channel::<()>();
+        live.submit(Box::new(move || {
+            let _ = gate.recv();
+            Ok(())
+        }))
+        .unwrap();
+        let event = Arc::new(HostEventState::default());
+        event.record_on(&live).unwrap();
+        assert_eq!(event.pending_generation(), Some(1));
+        let dead = HostQueue::dead(1); // busy, so the record needs a job, which fails
+        assert!(event.record_on(&dead).is_err());
+        assert_eq!(event.pending_generation(), Some(1), "the failed record hid the pending one");
+        assert_eq!(event.timing(), (true, None), "the event read as complete");
+        open.send(()).unwrap();
+        live.synchronize().unwrap();
+        assert_eq!(event.pending_generation(), None);
+        assert!(event.timing().1.is_some());
     }
 }

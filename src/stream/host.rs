@@ -120,9 +120,10 @@ impl HostQueue {
     pub(crate) fn submit(&self, job: Job) -> Result<()> {
         self.progress.lock().submitted += 1;
         if self.sender.send(job).is_err() {
-            // Through `update`, which wakes waiters: a synchronize that counted this job waits
-            // for it no longer.
-            self.progress.state.update(|st| st.submitted -= 1);
+            // Counted finished (the caller has the error), through `update`, which wakes
+            // waiters: a synchronize that counted this job has its target reached. Taking the
+            // count back instead would leave that target out of reach for good.
+            self.progress.state.update(|st| st.completed += 1);
             return Err(Error::unsupported("the host stream's worker thread is gone"));
         }
         Ok(())
@@ -144,6 +145,17 @@ impl HostQueue {
         drop(st);
         self.progress.run_holding(job, running);
         Ok(())
+    }
+
+    /// A queue whose worker is gone (every submit fails), with `unfinished` jobs counted as
+    /// submitted and never finishing.
+    #[cfg(test)]
+    pub(crate) fn dead(unfinished: u64) -> HostQueue {
+        let (sender, receiver) = unbounded();
+        drop(receiver);
+        let progress = Arc::new(Progress::default());
+        progress.lock().submitted = unfinished;
+        HostQueue { sender, progress }
     }
 
     /// True when every submitted job has finished (errors are left for `synchronize`).
@@ -252,6 +264,35 @@ mod tests {
             log.lock().unwrap().push((name, thread::current().id()));
             Ok(())
         })
+    }
+
+    /// Waits racing submits that fail (the worker is gone) all return: a waiter that counted a
+    /// job whose submit then failed is not left waiting for it.
+    #[test]
+    fn waits_racing_failed_submits_return() {
+        let q = Arc::new(HostQueue::dead(0));
+        let (done, finished) = mpsc::channel();
+        let waiter = {
+            let q = Arc::clone(&q);
+            thread::spawn(move || {
+                for _ in 0..100_000 {
+                    q.wait_idle();
+                }
+                let _ = done.send(());
+            })
+        };
+        let mut returned = false;
+        for _ in 0..100_000 {
+            assert!(q.submit(Box::new(|| Ok(()))).is_err());
+            if finished.try_recv().is_ok() {
+                returned = true;
+                break;
+            }
+        }
+        returned = returned || finished.recv_timeout(Duration::from_secs(20)).is_ok();
+        assert!(returned, "a wait counted a job whose submit failed and never returned");
+        waiter.join().unwrap();
+        assert!(q.is_idle());
     }
 
     #[test]
