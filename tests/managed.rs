@@ -240,7 +240,7 @@ fn stats_snapshots_are_consistent(device: Device) {
 /// and where the driver does (a managed pool): allocations past it fail as out of memory,
 /// freed bytes can be allocated again, and threads allocating at once never pass it together.
 fn a_size_limit_is_kept(device: Device) {
-    const LIMIT: usize = 8 << 20;
+    const LIMIT: usize = 64 << 20; // well above any driver's reservation granularity
     for use_malloc_managed in [false, true] {
         let options = ManagedPoolOptions { max_size: LIMIT, use_malloc_managed, ..Default::default() };
         let pool = match ManagedPool::new(device, options) {
@@ -268,8 +268,8 @@ fn a_size_limit_is_kept(device: Device) {
             for _ in 0..4 {
                 scope.spawn(|| {
                     let stream = Stream::new(device).unwrap();
-                    for _ in 0..50 {
-                        if let Ok(buf) = pool.alloc::<u8>(3 << 20, &stream) {
+                    for _ in 0..20 {
+                        if let Ok(buf) = pool.alloc::<u8>(24 << 20, &stream) {
                             let used = pool.stats().unwrap().used_current as usize;
                             peak.fetch_max(used, std::sync::atomic::Ordering::Relaxed);
                             drop(buf);
@@ -280,7 +280,7 @@ fn a_size_limit_is_kept(device: Device) {
             }
         });
         let peak = peak.into_inner();
-        assert!((3 << 20..=LIMIT).contains(&peak), "{:?} pool: {peak} bytes in use at once", pool.kind());
+        assert!((24 << 20..=LIMIT).contains(&peak), "{:?} pool: {peak} bytes in use at once", pool.kind());
         assert!(pool.stats().unwrap().used_high as usize <= LIMIT);
     }
 }
