@@ -206,13 +206,14 @@ impl<'a> Leaving<'a> {
 
 impl Drop for Leaving<'_> {
     fn drop(&mut self) {
+        // Most gives evict nothing: no hand-over then (nor a reaper thread started for it).
+        if self.allocs.is_empty() {
+            return;
+        }
         let allocs = std::mem::take(&mut self.allocs);
         match self.then {
             Then::Free => drop(allocs),
             Then::Reap => reaper::free_later(allocs),
-        }
-        if self.places.is_empty() {
-            return;
         }
         // Only now: freed, or pending in the reaper (which counted them first).
         self.cache.leaving.update(|leaving| {

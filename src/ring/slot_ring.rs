@@ -138,6 +138,14 @@ impl Shared {
         self.close_tx.lock().map(|g| g.is_none()).unwrap_or(true)
     }
 
+    /// [`Error::Closed`] once the ring is closed.
+    fn ensure_open(&self) -> Result<()> {
+        if self.is_closed() {
+            return Err(self.closed_error());
+        }
+        Ok(())
+    }
+
     fn closed_error(&self) -> Error {
         let reason = self.failure.lock().ok().and_then(|f| f.clone()).map(Box::new);
         Error::Closed { reason }
@@ -165,9 +173,7 @@ impl Shared {
         if let Ok(i) = queue.try_recv() {
             return Ok(i);
         }
-        if self.is_closed() {
-            return Err(self.closed_error());
-        }
+        self.ensure_open()?;
         if !std::mem::replace(counted, true) {
             self.producer_waits.fetch_add(1, Ordering::Relaxed);
         }
@@ -436,9 +442,7 @@ impl SlotRing {
     /// Finding either queue empty counts one producer wait, unless `counted` already.
     fn reserve_until(&self, deadline: Option<Instant>, counted: &mut bool) -> Result<UnwaitedSlot> {
         let s = &self.shared;
-        if s.is_closed() {
-            return Err(s.closed_error());
-        }
+        s.ensure_open()?;
         let device = s.take(&s.free_device.1, deadline, "no free device slot", counted)?;
         let occupied = s.occupancy.fetch_add(1, Ordering::AcqRel) + 1;
         s.high_water.fetch_max(occupied, Ordering::AcqRel);
@@ -634,9 +638,7 @@ impl ProducerSlot {
     pub fn publish(mut self, meta: SlotMeta) -> Result<()> {
         let s = Arc::clone(&self.shared);
         meta.validate(s.backend.slot_bytes())?;
-        if s.is_closed() {
-            return Err(s.closed_error());
-        }
+        s.ensure_open()?;
         // SAFETY: this guard holds both slots exclusively: the host slot until its upload is
         // waited on by the next `acquire`, the device slot until a consumer releases it.
         let submit = unsafe { s.backend.submit_upload(self.host, self.device, meta.bytes) }?;
@@ -679,19 +681,10 @@ impl UnwaitedSlot {
     /// or when the ring was closed before or during the wait ([`Error::Closed`]), both slots go
     /// back to the ring.
     pub(super) fn wait(self) -> Result<ProducerSlot> {
-        self.check_open()?;
+        self.0.shared.ensure_open()?;
         self.0.shared.backend.wait_host_slot(self.0.host)?;
-        self.check_open()?;
+        self.0.shared.ensure_open()?;
         Ok(self.0)
-    }
-
-    /// [`Error::Closed`] once the ring is closed.
-    fn check_open(&self) -> Result<()> {
-        let s = &self.0.shared;
-        if s.is_closed() {
-            return Err(s.closed_error());
-        }
-        Ok(())
     }
 
     /// Like [`UnwaitedSlot::wait`], polling until `deadline` (`None`: only once): when the
@@ -701,7 +694,7 @@ impl UnwaitedSlot {
         const WHAT: &str = "the free host slot's last upload is still running";
         let mut pause = UPLOAD_POLL.0;
         loop {
-            self.check_open()?;
+            self.0.shared.ensure_open()?;
             if self.upload_done()? {
                 return self.wait();
             }
