@@ -6,8 +6,8 @@ mod common;
 
 use cuferry::kernels::{fill_pattern_u32, pattern_value, sum_u32};
 use cuferry::managed::{
-    advise_all, discard_all, prefetch_all, prefetch_each, Advice, Location, ManagedPool, ManagedPoolOptions,
-    PoolKind,
+    advise_all, discard_all, discard_and_prefetch_all, prefetch_all, prefetch_each, Advice, Location,
+    ManagedPool, ManagedPoolOptions, PoolKind, DISCARDED_BYTE,
 };
 use cuferry::{copy, Device, DeviceBuffer, Error, Memory, Stream};
 
@@ -327,7 +327,8 @@ fn discard_keeps_the_bytes_around_the_range(device: Device) {
         range.map(|i| u64::from(pattern_value(k as u32, i))).sum()
     };
     // The whole of buffer 2, and elements 10..20 of buffer 4.
-    // SAFETY: both ranges are written again below before they are read.
+    // SAFETY: both ranges are written again below before they are read (the host backend's
+    // check reads bytes it defines); no slice of either buffer is alive.
     let discarded =
         unsafe { discard_all(&[bufs[2].range(), bufs[4].subrange(10..20).unwrap()], &stream) }.unwrap();
     assert_eq!(discarded, 4 * (n + 10));
@@ -338,12 +339,66 @@ fn discard_keeps_the_bytes_around_the_range(device: Device) {
     for (i, &v) in host.iter().enumerate().filter(|(i, _)| !(10..20).contains(i)) {
         assert_eq!(v, pattern_value(4, i), "element {i} of buffer 4, outside the discarded part, changed");
     }
+    if device.is_host() {
+        // The host backend overwrites discarded bytes, so a read before a write shows.
+        let poisoned = u32::from_ne_bytes([DISCARDED_BYTE; 4]);
+        assert!(host[10..20].iter().all(|&v| v == poisoned), "{:?}", &host[10..20]);
+        assert!(bufs[2].as_slice().unwrap().iter().all(|&v| v == poisoned));
+    }
     fill_pattern_u32(&stream, &mut bufs[2], 77).unwrap();
     assert_eq!(sum_u32(&stream, &bufs[2]).unwrap(), sum(77, 0..n), "the discarded buffer, written again");
 }
 
+/// `discard_and_prefetch_all` over parts of two buffers: the bytes around the ranges stay, the
+/// ranges written again (by a kernel job or a kernel, after the discard in stream order) hold
+/// what was written, and on the host backend the discarded bytes read as `DISCARDED_BYTE`
+/// until then.
+fn discard_and_prefetch_then_write(device: Device) {
+    let pool = pool(device);
+    if !device.is_host() && !pool.capabilities().concurrent_managed_access {
+        println!("SKIP: discard needs concurrentManagedAccess");
+        return;
+    }
+    let stream = Stream::new(device).unwrap();
+    let n = 1000;
+    let mut a = pool.alloc::<u32>(n, &stream).unwrap();
+    let mut b = pool.alloc::<u32>(n, &stream).unwrap();
+    fill_pattern_u32(&stream, &mut a, 1).unwrap();
+    fill_pattern_u32(&stream, &mut b, 2).unwrap();
+    // SAFETY: every discarded byte is written again below before it is read (the host
+    // backend's check reads bytes it defines); no slice of either buffer is alive.
+    let bytes = unsafe {
+        discard_and_prefetch_all(
+            &[a.range(), b.subrange(100..300).unwrap(), b.subrange(250..400).unwrap()],
+            Location::of(device),
+            &stream,
+        )
+    }
+    .unwrap();
+    assert_eq!(bytes, 4 * (n + 300), "b's two overlapping views count once");
+    let host_b = b.as_slice().unwrap();
+    for (i, &v) in host_b.iter().enumerate().filter(|(i, _)| !(100..400).contains(i)) {
+        assert_eq!(v, pattern_value(2, i), "element {i} of b, outside the discarded part, changed");
+    }
+    if device.is_host() {
+        let poisoned = u32::from_ne_bytes([DISCARDED_BYTE; 4]);
+        assert!(host_b[100..400].iter().all(|&v| v == poisoned));
+        assert!(a.as_slice().unwrap().iter().all(|&v| v == poisoned));
+    }
+    fill_pattern_u32(&stream, &mut a, 9).unwrap();
+    let expected: u64 = (0..n).map(|i| u64::from(pattern_value(9, i))).sum();
+    assert_eq!(sum_u32(&stream, &a).unwrap(), expected, "a, written after its discard");
+    let host_b = b.as_mut_slice().unwrap();
+    host_b[100..400].iter_mut().enumerate().for_each(|(k, v)| *v = k as u32);
+    let host_b = b.as_slice().unwrap();
+    assert!(host_b[100..400].iter().enumerate().all(|(k, &v)| v == k as u32));
+    assert_eq!(host_b[99], pattern_value(2, 99));
+    assert_eq!(host_b[400], pattern_value(2, 400));
+}
+
 on_both_backends! {
     discard_keeps_the_bytes_around_the_range => discard_keeps_the_bytes_around_the_range;
+    discard_and_prefetch_then_write => discard_and_prefetch_then_write;
     stats_and_reuse => stats_and_reuse;
     concurrent_threads => concurrent_threads;
     bad_arguments => bad_arguments;

@@ -262,18 +262,21 @@ impl<T: Element> ManagedBuffer<T> {
         self.advise(Advice::SetReadMostly)
     }
 
-    /// Discards the contents (no migration of stale pages), queued on `stream`.
+    /// Discards the contents (no migration of stale pages), queued on `stream`. On the host
+    /// backend the bytes become [`DISCARDED_BYTE`](super::DISCARDED_BYTE).
     ///
     /// # Safety
     ///
     /// 1. The contents are indeterminate afterwards: write (or prefetch-and-write) before
     ///    reading them.
+    /// 2. No slice from [`ManagedBuffer::as_slice`] is alive: the discard changes the bytes
+    ///    under it.
     ///
     /// # Errors
     ///
-    /// As [`ManagedBuffer::prefetch`].
+    /// As [`discard_all`](super::discard_all).
     pub unsafe fn discard(&self, stream: &Stream) -> Result<usize> {
-        // SAFETY: the caller's precondition 1.
+        // SAFETY: the caller's preconditions 1 and 2.
         unsafe { bulk::discard_all(&[self.range()], stream) }
     }
 }

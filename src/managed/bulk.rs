@@ -85,6 +85,56 @@ fn backend_of(ranges: &[ManagedRange<'_>], what: &str, location: Option<Location
     Ok(true)
 }
 
+/// Discards need `concurrentManagedAccess` on every CUDA device of the machine, not only the
+/// pools' (CUDA's rule for `cudaMemDiscardBatchAsync` and the combined call): checked here so
+/// a mixed machine gets [`Error::Unsupported`] naming the device, not a raw CUDA error.
+fn check_every_device_for_discard(what: &str) -> Result<()> {
+    check_every_device_for_discard_with(
+        what,
+        Device::try_cuda_count()?,
+        crate::cuda::device::concurrent_managed_access,
+    )
+}
+
+/// [`check_every_device_for_discard`] with the device count and capability lookup given (tests).
+fn check_every_device_for_discard_with(
+    what: &str,
+    count: u32,
+    concurrent: impl Fn(u32) -> Result<bool>,
+) -> Result<()> {
+    for i in 0..count {
+        if !concurrent(i)? {
+            return Err(Error::unsupported(format!(
+                "{what} needs concurrentManagedAccess on every device of the machine, which cuda:{i} lacks"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The host backend's discard: overwrites the merged spans with [`DISCARDED_BYTE`] in a job
+/// queued on `stream`, ordered like CUDA's discard (a write). CUDA leaves discarded contents
+/// indeterminate (often zero, or the old bytes); the host backend makes them recognisably
+/// wrong instead, so code that reads before it writes fails its host tests.
+fn poison_host_spans(ranges: &[ManagedRange<'_>], spans: &[(*mut u8, usize)], stream: &Stream) -> Result<()> {
+    // Addresses as integers: the job runs on the stream's worker (raw pointers are not Send).
+    let spans: Vec<(usize, usize)> = spans.iter().map(|&(p, n)| (p as usize, n)).collect();
+    UseTracker::use_on(stream, &trackers(ranges), || {
+        stream.host_fn_short(move || {
+            for (address, bytes) in spans {
+                // SAFETY: each span lies inside a live host-pool allocation whose tracker
+                // records this job as a write, so the allocation outlives it and no other
+                // queued use overlaps it; the caller of the (unsafe) discard promised that no
+                // host reference to these bytes is alive.
+                unsafe { std::ptr::write_bytes(address as *mut u8, DISCARDED_BYTE, bytes) };
+            }
+        })
+    })
+}
+
+/// What the host backend writes over discarded bytes: 0xff, a NaN in every float type.
+pub const DISCARDED_BYTE: u8 = 0xff;
+
 /// The byte spans requested of one allocation: (id, base address, [(start, end)]).
 type AllocationSpans = (u64, *mut u8, Vec<(usize, usize)>);
 
@@ -172,15 +222,38 @@ pub fn prefetch_all(ranges: &[ManagedRange<'_>], location: Location, stream: &St
     prefetch_grouped(&items, stream, false)
 }
 
-/// Discards every range and prefetches it to `location` in one batched call.
+/// Discards every range and prefetches it to `location` in one batched call (never spread
+/// over helper streams).
+///
+/// On the host backend the bytes become [`DISCARDED_BYTE`] (see [`discard_all`]).
+///
+/// # Examples
+///
+/// ```
+/// use cuferry::managed::{discard_and_prefetch_all, Location, ManagedPool, ManagedPoolOptions};
+/// use cuferry::{Device, Stream};
+///
+/// let pool = ManagedPool::new(Device::Host, ManagedPoolOptions::default())?;
+/// let stream = Stream::new(Device::Host)?;
+/// let mut a = pool.alloc::<u32>(256, &stream)?;
+/// // SAFETY: `a` is written below before it is read, and no slice of it is alive.
+/// let bytes = unsafe { discard_and_prefetch_all(&[a.range()], Location::Host, &stream)? };
+/// assert_eq!(bytes, 1024);
+/// a.as_mut_slice()?.fill(7);
+/// assert!(a.as_slice()?.iter().all(|&v| v == 7));
+/// # Ok::<(), cuferry::Error>(())
+/// ```
 ///
 /// # Safety
 ///
 /// 1. The contents are indeterminate afterwards: write them before reading.
+/// 2. No slice of the ranges' buffers from `as_slice` is alive: the discard changes the bytes
+///    under it.
 ///
 /// # Errors
 ///
-/// As [`prefetch_all`].
+/// As [`prefetch_all`]; on CUDA, [`Error::Unsupported`] unless every device of the machine
+/// has `concurrentManagedAccess` (CUDA's rule for discards).
 pub unsafe fn discard_and_prefetch_all(
     ranges: &[ManagedRange<'_>],
     location: Location,
@@ -226,8 +299,19 @@ fn prefetch_grouped(items: &[(ManagedRange<'_>, Location)], stream: &Stream, dis
             w[1].0
         )));
     }
-    if !cuda || batch.ptrs.is_empty() {
+    if batch.ptrs.is_empty() {
         return Ok(total);
+    }
+    if !cuda {
+        if discard {
+            let spans: Vec<(*mut u8, usize)> =
+                batch.ptrs.iter().zip(&batch.sizes).map(|(&p, &n)| (p.cast::<u8>(), n)).collect();
+            poison_host_spans(&ranges, &spans, stream)?;
+        }
+        return Ok(total);
+    }
+    if discard {
+        check_every_device_for_discard(what)?;
     }
     let raw_stream = stream.cuda_raw()?;
     let fan_out = !discard && batch.ptrs.len() >= FAN_OUT_MIN_RANGES;
@@ -341,19 +425,31 @@ unsafe fn enqueue_prefetch(
 
 /// Discards every range in one batched call; returns the bytes.
 ///
+/// On the host backend the discarded bytes become [`DISCARDED_BYTE`] (by a job queued on
+/// `stream`), so a read before a write shows in tests; on CUDA they are indeterminate.
+///
 /// # Safety
 ///
 /// 1. The contents are indeterminate afterwards: write them before reading.
+/// 2. No slice of the ranges' buffers from `as_slice` is alive: the discard changes the bytes
+///    under it.
 ///
 /// # Errors
 ///
-/// See the [module rules](crate::managed); CUDA errors of the batch.
+/// See the [module rules](crate::managed); on CUDA, [`Error::Unsupported`] unless every
+/// device of the machine has `concurrentManagedAccess` (CUDA's rule for discards); CUDA
+/// errors of the batch.
 pub unsafe fn discard_all(ranges: &[ManagedRange<'_>], stream: &Stream) -> Result<usize> {
     let cuda = backend_of(ranges, "discard", None)?;
     let (merged, total) = merge(ranges.iter());
-    if !cuda || merged.is_empty() {
+    if merged.is_empty() {
         return Ok(total);
     }
+    if !cuda {
+        poison_host_spans(ranges, &merged, stream)?;
+        return Ok(total);
+    }
+    check_every_device_for_discard("discard")?;
     let mut batch = Batch {
         ptrs: merged.iter().map(|(p, _)| p.cast::<c_void>()).collect(),
         sizes: merged.iter().map(|(_, n)| *n).collect(),
@@ -402,5 +498,22 @@ pub(crate) fn advice_refused(err: Error, managed_pool_memory: bool) -> Error {
              ManagedPoolOptions { use_malloc_managed: true } for memory that takes advice",
         ),
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// CUDA refuses a discard unless every device has `concurrentManagedAccess`, whichever
+    /// device the memory is on: the check names the first device lacking it.
+    #[test]
+    fn discards_need_the_capability_on_every_device() {
+        let lacking_one = |i: u32| Ok(i != 2);
+        let err = check_every_device_for_discard_with("discard", 4, lacking_one).unwrap_err();
+        assert!(matches!(&err, Error::Unsupported { .. }), "{err:?}");
+        assert!(err.to_string().contains("cuda:2"), "{err}");
+        check_every_device_for_discard_with("discard", 2, lacking_one).unwrap();
+        check_every_device_for_discard_with("discard", 0, |_| Ok(false)).unwrap();
     }
 }

@@ -16,7 +16,10 @@
 //!   access (`as_slice`, where a CPU touch faults while any kernel runs) return
 //!   [`Error::Unsupported`](crate::Error::Unsupported) naming it; never a silent no-op.
 //! - The host backend's pool hands out host memory; prefetch to the host and advice are no-ops
-//!   there that still validate their ranges.
+//!   there that still validate their ranges. A discard there overwrites the bytes with
+//!   [`DISCARDED_BYTE`] (CUDA leaves them indeterminate), so reading before writing fails in
+//!   host tests too.
+//! - Discards need `concurrentManagedAccess` on every device of the machine (CUDA's rule).
 
 mod buffer;
 mod bulk;
@@ -27,6 +30,7 @@ pub use buffer::ManagedBuffer;
 pub(crate) use bulk::advice_refused;
 pub use bulk::{
     advise_all, discard_all, discard_and_prefetch_all, prefetch_all, prefetch_each, ManagedRange,
+    DISCARDED_BYTE,
 };
 pub use location::{Advice, Location};
 pub use pool::{ManagedCapabilities, ManagedPool, ManagedPoolOptions, PoolKind, PoolStats};
