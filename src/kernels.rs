@@ -1,9 +1,10 @@
 //! Small kernels for tests and benchmarks: fill a `u32` buffer with a known pattern, and sum
-//! one, on the device that holds it (a host job on the host backend).
+//! one, on the stream's device (a host job on the host backend).
 //!
 //! Rules: both are queued like any cuferry operation (ordered with the buffer's other uses);
-//! `sum_u32` returns once the sum is known. On a CUDA stream the memory must be device memory
-//! or managed memory; on a host stream it must be host-accessible (managed memory only with
+//! `sum_u32` returns once the sum is known. On a CUDA stream the memory must be that device's
+//! memory or managed memory (another device's memory is refused, not read through a missing
+//! peer mapping); on a host stream it must be host-accessible (managed memory only with
 //! `concurrentManagedAccess`, see [`crate::memory`]).
 //!
 //! # Examples
@@ -33,16 +34,25 @@ pub fn pattern_value(seed: u32, i: usize) -> u32 {
 }
 
 fn check_reachable(stream: &Stream, kind: MemoryKind) -> Result<()> {
-    let ok = match stream.device() {
-        Device::Host => return check_host_stream_access(kind),
-        Device::Cuda(_) => {
-            matches!(kind, MemoryKind::Device(Device::Cuda(_)) | MemoryKind::Managed(Device::Cuda(_)))
-        }
+    match stream.device() {
+        Device::Host => check_host_stream_access(kind),
+        device => check_kernel_reach(device, kind),
+    }
+}
+
+/// Whether a kernel launched on a CUDA stream of `device` may touch memory of `kind`: that
+/// device's own memory, or managed memory (which migrates). Another device's memory would be
+/// dereferenced without peer mapping: an illegal address, which poisons the whole context.
+fn check_kernel_reach(device: Device, kind: MemoryKind) -> Result<()> {
+    let ok = match kind {
+        MemoryKind::Device(d) => d == device,
+        MemoryKind::Managed(d) => !d.is_host(),
+        _ => false,
     };
     if ok {
         Ok(())
     } else {
-        Err(Error::invalid(format!("a kernel on {} cannot reach {kind:?} memory", stream.device())))
+        Err(Error::invalid(format!("a kernel on {device} cannot reach {kind:?} memory")))
     }
 }
 
@@ -129,6 +139,31 @@ pub fn sum_u32<M: Memory<u32> + ?Sized>(stream: &Stream, src: &M) -> Result<u64>
             let mut out = [0u64];
             sum.copy_to_slice(stream, &mut out)?;
             Ok(out[0])
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A kernel on one device reaches that device's memory and managed memory of any device,
+    /// and is refused another device's memory (which needs a peer mapping it may not have)
+    /// and host memory.
+    #[test]
+    fn kernels_reach_only_their_own_device_memory() {
+        let here = Device::Cuda(0);
+        check_kernel_reach(here, MemoryKind::Device(here)).unwrap();
+        check_kernel_reach(here, MemoryKind::Managed(Device::Cuda(1))).unwrap();
+        for kind in [
+            MemoryKind::Device(Device::Cuda(1)),
+            MemoryKind::Device(Device::Host),
+            MemoryKind::Managed(Device::Host),
+            MemoryKind::Pinned,
+            MemoryKind::Pageable,
+        ] {
+            let refused = check_kernel_reach(here, kind);
+            assert!(matches!(refused, Err(Error::InvalidArgument { .. })), "{kind:?}: {refused:?}");
         }
     }
 }

@@ -181,6 +181,29 @@ fn host_fn_panic_is_reported(device: Device) {
     stream.synchronize().unwrap(); // reported once
 }
 
+/// A caller polling `query` until it says done sees every host function's panic: "done" is
+/// never returned with the error still unread (on CUDA the callback stores it just before the
+/// stream goes idle, so the error slot must be read after CUDA's answer). Many rounds, as the
+/// window is narrow. `resume_unwind` panics without the panic hook's message.
+fn polling_query_never_hides_a_host_fn_panic(device: Device) {
+    let stream = Stream::new(device).unwrap();
+    for round in 0..300 {
+        stream.host_fn(|| std::panic::resume_unwind(Box::new("boom in a polled host fn"))).unwrap();
+        let reported = loop {
+            match stream.query() {
+                Ok(true) => break None,
+                Ok(false) => std::hint::spin_loop(),
+                Err(e) => break Some(e),
+            }
+        };
+        match reported {
+            Some(Error::HostFnPanicked { message }) => assert!(message.contains("boom"), "{message}"),
+            other => panic!("round {round}: query said done without the host fn's panic: {other:?}"),
+        }
+        assert!(stream.query().unwrap(), "reported once, and the stream is idle");
+    }
+}
+
 /// A panic value whose own drop panics.
 struct PanicsWhenDropped;
 
@@ -246,6 +269,7 @@ on_both_backends! {
     many_streams => many_streams;
     drop_while_pending => drop_while_pending;
     host_fn_panic_is_reported => host_fn_panic_is_reported;
+    polling_query_never_hides_a_host_fn_panic => polling_query_never_hides_a_host_fn_panic;
     host_fn_panic_with_a_panicking_payload_is_reported => host_fn_panic_with_a_panicking_payload_is_reported;
     event_timing_and_misuse => event_timing_and_misuse;
 }

@@ -48,9 +48,14 @@ impl CudaStream {
         raw::synchronize(self.raw)
     }
 
+    /// Whether the queued work has finished, reporting a host function's error as
+    /// `synchronize` does. The error slot is read after CUDA's answer: a host function that
+    /// fails just before the stream goes idle has stored its error by then, so "done" never
+    /// hides it (read first, the slot could be empty and the stream idle a moment later).
     pub(crate) fn query(&self) -> Result<bool> {
+        let done = raw::query(self.raw)?;
         self.take_error()?;
-        raw::query(self.raw)
+        Ok(done)
     }
 
     /// Queues `f` with `cudaStreamAddCallback`.
