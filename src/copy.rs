@@ -140,7 +140,9 @@ where
 }
 
 /// Queues a copy of `bytes` bytes between two tracked memories (offsets in bytes) and records
-/// the use on both; the crate-internal core of [`copy_range`].
+/// the use on both; the crate-internal core of [`copy_range`]. Overlapping source and
+/// destination ranges (possible within one memory) are refused with
+/// [`Error::InvalidArgument`].
 ///
 /// # Safety
 ///
@@ -179,6 +181,13 @@ pub(crate) unsafe fn copy_bytes_marked(
     let direction = direction(stream.device(), src_kind, dst_kind)?;
     let src_ptr = s.ptr.wrapping_add(src_offset);
     let dst_ptr = d.ptr.wrapping_add(dst_offset);
+    if ranges_overlap(src_ptr as usize, dst_ptr as usize, bytes) {
+        // `cudaMemcpyAsync` and the host copy both need disjoint ranges (unified addressing
+        // gives every allocation, host or device, its own addresses).
+        return Err(Error::invalid(format!(
+            "a copy of {bytes} bytes from {src_ptr:p} to {dst_ptr:p}: the ranges overlap"
+        )));
+    }
     UseTracker::use_on(stream, &[(s.tracker, Access::Read), (d.tracker, Access::Write)], || {
         if let Some((before, _)) = marks {
             before.record(stream)?;
@@ -192,6 +201,11 @@ pub(crate) unsafe fn copy_bytes_marked(
         }
     })?;
     Ok(direction)
+}
+
+/// Whether `[a, a + bytes)` and `[b, b + bytes)` share a byte (never for 0 bytes).
+fn ranges_overlap(a: usize, b: usize, bytes: usize) -> bool {
+    bytes > 0 && a.abs_diff(b) < bytes
 }
 
 fn check_range(what: &str, offset: usize, len: usize, total: usize) -> Result<()> {
@@ -305,8 +319,45 @@ unsafe impl Send for HostCopy {}
 impl HostCopy {
     fn run(self) {
         // SAFETY: both ranges are in bounds of live host-accessible buffers whose trackers
-        // record this copy (so they outlive it), and they do not overlap: the destination is
-        // borrowed mutably while the source is borrowed shared, so they are distinct buffers.
+        // record this copy (so they outlive it), and they do not overlap (`copy_bytes_marked`
+        // refuses overlapping ranges).
         unsafe { std::ptr::copy_nonoverlapping(self.src, self.dst, self.bytes) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::sealed::Sealed;
+    use crate::memory::{DeviceBuffer, Memory};
+
+    #[test]
+    fn overlap_is_any_shared_byte() {
+        assert!(ranges_overlap(100, 100, 1));
+        assert!(ranges_overlap(100, 103, 4) && ranges_overlap(103, 100, 4));
+        assert!(!ranges_overlap(100, 104, 4) && !ranges_overlap(104, 100, 4));
+        assert!(!ranges_overlap(100, 100, 0));
+        assert!(!ranges_overlap(0, usize::MAX, usize::MAX));
+        assert!(ranges_overlap(usize::MAX - 1, usize::MAX, 2));
+    }
+
+    /// A copy within one buffer: disjoint ranges copy, overlapping ones are refused before
+    /// anything is queued (both CUDA and the host copy require disjoint ranges).
+    #[test]
+    fn copies_within_one_buffer_must_not_overlap() {
+        let stream = Stream::new(Device::Host).unwrap();
+        let data: Vec<u8> = (0..64).collect();
+        let buf = DeviceBuffer::from_slice(&stream, &data).unwrap();
+        let parts = buf.raw_parts();
+        let kind = buf.kind();
+        // SAFETY: both ranges are inside the buffer; nothing else uses it meanwhile.
+        let overlapping = unsafe { copy_bytes(&stream, (kind, &parts, 0), (kind, &parts, 8), 16) };
+        assert!(matches!(overlapping, Err(Error::InvalidArgument { .. })), "{overlapping:?}");
+        // SAFETY: as above.
+        unsafe { copy_bytes(&stream, (kind, &parts, 0), (kind, &parts, 32), 16) }.unwrap();
+        let got = buf.to_vec(&stream).unwrap();
+        assert_eq!(&got[32..48], &data[0..16]);
+        assert_eq!(&got[..32], &data[..32]);
+        assert_eq!(&got[48..], &data[48..]);
     }
 }

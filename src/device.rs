@@ -9,6 +9,10 @@
 //! - [`Device::cuda_count`] never fails: it is 0 whenever CUDA cannot be used, and
 //!   [`Device::try_cuda_count`] says why.
 //! - Peer access is probed, never assumed: [`can_access_peer`] asks the driver.
+//! - CUDA calls behind cuferry's functions (allocations and frees, device queries, peer access,
+//!   drops of CUDA buffers) make their device current on the calling thread with
+//!   `cudaSetDevice` and leave it so, as the CUDA runtime's own calls do. Code mixing cuferry
+//!   with other runtime-API code sets its device again before its own calls.
 
 use std::fmt;
 
@@ -418,8 +422,11 @@ pub fn cuda_build_note() -> &'static str {
 ///
 /// # Errors
 ///
-/// CUDA errors for bad ordinals or a missing driver.
+/// As [`Device::check_available`] for either device (a missing driver or CUDA build, an
+/// ordinal past the last device: also for a device and itself); CUDA errors of the query.
 pub fn can_access_peer(device: Device, peer: Device) -> Result<bool> {
+    device.check_available()?;
+    peer.check_available()?;
     match (device, peer) {
         (Device::Cuda(a), Device::Cuda(b)) if a == b => Ok(true),
         (Device::Cuda(a), Device::Cuda(b)) => cuda::device::can_access_peer(a, b),
@@ -432,9 +439,12 @@ pub fn can_access_peer(device: Device, peer: Device) -> Result<bool> {
 ///
 /// # Errors
 ///
-/// [`Error::Unsupported`] when a host device is named or the pair cannot use peer access
-/// (check [`can_access_peer`] first); CUDA errors otherwise.
+/// As [`Device::check_available`] for either device; [`Error::Unsupported`] when a host
+/// device is named or the pair cannot use peer access (check [`can_access_peer`] first); CUDA
+/// errors otherwise.
 pub fn enable_peer_access(device: Device, peer: Device) -> Result<()> {
+    device.check_available()?;
+    peer.check_available()?;
     match (device, peer) {
         (Device::Cuda(a), Device::Cuda(b)) if a == b => Ok(()),
         (Device::Cuda(a), Device::Cuda(b)) => {

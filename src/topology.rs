@@ -34,6 +34,9 @@ pub struct DeviceLinks {
     pub pcie_max: Option<(u32, u32)>,
     /// Active NVLink links.
     pub nvlinks_active: u32,
+    /// Why NVML could not open the device (permissions, a container), when it could not; the
+    /// other fields are then empty. The row is kept so NVML indices have no gaps.
+    pub unreadable: Option<String>,
 }
 
 /// Devices and how each pair is connected.
@@ -50,6 +53,22 @@ pub struct Topology {
     pub unavailable: Option<String>,
 }
 
+impl DeviceLinks {
+    /// The row of a device NVML lists but cannot open.
+    fn unreadable(nvml_index: u32, why: String) -> Self {
+        DeviceLinks {
+            nvml_index,
+            cuda_ordinal: None,
+            name: None,
+            pci_bus_id: None,
+            pcie_current: None,
+            pcie_max: None,
+            nvlinks_active: 0,
+            unreadable: Some(why),
+        }
+    }
+}
+
 /// (domain, bus, device) of a PCI address such as "00000000:65:00.0" or "0000:65:00.0".
 fn pci_key(id: &str) -> Option<(u32, u32, u32)> {
     let mut parts = id.split([':', '.']);
@@ -60,7 +79,8 @@ fn pci_key(id: &str) -> Option<(u32, u32, u32)> {
 }
 
 /// Reads the topology through NVML: empty, with the reason in [`Topology::unavailable`], when
-/// there is no driver; a field NVML cannot read is `None`.
+/// there is no driver or NVML sees no device; a field NVML cannot read is `None`, and a device
+/// NVML cannot open keeps its row with the reason in [`DeviceLinks::unreadable`].
 pub fn topology() -> Topology {
     let nvml = match Nvml::init() {
         Ok(n) => n,
@@ -86,7 +106,13 @@ pub fn topology() -> Topology {
     let mut devices = Vec::new();
     let mut handles = Vec::new();
     for index in 0..count {
-        let Ok(dev) = nvml.device_by_index(index) else { continue };
+        let dev = match nvml.device_by_index(index) {
+            Ok(dev) => dev,
+            Err(e) => {
+                devices.push(DeviceLinks::unreadable(index, format!("NVML cannot open it: {e}")));
+                continue;
+            }
+        };
         let pci_bus_id = dev.pci_info().ok().map(|p| p.bus_id);
         let key = pci_bus_id.as_deref().and_then(pci_key);
         let cuda_ordinal = cuda.iter().find(|(_, k)| Some(*k) == key).map(|(i, _)| *i);
@@ -101,8 +127,16 @@ pub fn topology() -> Topology {
             pcie_current: both(dev.current_pcie_link_gen(), dev.current_pcie_link_width()),
             pcie_max: both(dev.max_pcie_link_gen(), dev.max_pcie_link_width()),
             nvlinks_active,
+            unreadable: None,
         });
         handles.push((index, dev));
+    }
+    if devices.is_empty() {
+        return Topology {
+            driver_version: nvml.sys_driver_version().ok(),
+            unavailable: Some("NVML loaded but sees no devices".to_string()),
+            ..Topology::default()
+        };
     }
     let mut pairs = Vec::new();
     for (a, (ia, da)) in handles.iter().enumerate() {

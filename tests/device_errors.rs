@@ -64,7 +64,16 @@ fn absent_cuda_is_a_typed_error() {
         d.l2_fetch_granularity().err(),
         d.set_l2_fetch_granularity(32).err(),
     ];
-    for (i, err) in errors.iter().enumerate() {
+    // Peer queries check their devices even when the answer needs no driver (a device and
+    // itself, a device and the host).
+    let peers = [
+        cuferry::can_access_peer(d, d).err(),
+        cuferry::can_access_peer(d, Device::Host).err(),
+        cuferry::can_access_peer(Device::Host, d).err(),
+        cuferry::enable_peer_access(d, d).err(),
+        cuferry::enable_peer_access(d, Device::Host).err(),
+    ];
+    for (i, err) in errors.iter().chain(&peers).enumerate() {
         let err = err.as_ref().unwrap_or_else(|| panic!("call {i} succeeded without a CUDA device"));
         assert!(is_absence(err), "call {i}: expected an absence error, got {err:?}");
         assert!(!err.to_string().is_empty());
@@ -78,9 +87,16 @@ fn absent_cuda_is_a_typed_error() {
 
 #[test]
 fn bad_ordinal_is_an_error() {
-    let Some(_) = common::cuda_device() else { return };
+    let Some(gpu) = common::cuda_device() else { return };
     let bad = Device::Cuda(Device::cuda_count() + 3);
     assert!(matches!(bad.check_available(), Err(Error::InvalidArgument { .. })));
+    for (a, b) in [(bad, bad), (bad, Device::Host), (gpu, bad)] {
+        let query = cuferry::can_access_peer(a, b);
+        assert!(matches!(query, Err(Error::InvalidArgument { .. })), "{a} -> {b}: {query:?}");
+        let enable = cuferry::enable_peer_access(a, b);
+        assert!(matches!(enable, Err(Error::InvalidArgument { .. })), "{a} -> {b}: {enable:?}");
+    }
+    assert!(cuferry::can_access_peer(gpu, gpu).unwrap(), "a device reaches its own memory");
     match Stream::new(bad) {
         Err(Error::Cuda { name, .. }) => assert_eq!(name, "cudaErrorInvalidDevice"),
         other => panic!("expected cudaErrorInvalidDevice, got {other:?}"),
@@ -100,9 +116,16 @@ fn host_device_rules() {
     assert!(matches!(Device::Host.set_host_wait(HostWait::Block), Err(Error::Unsupported { .. })));
     assert!(!cuferry::can_access_peer(Device::Host, Device::Host).unwrap());
     assert!(matches!(
-        cuferry::enable_peer_access(Device::Host, Device::Cuda(0)),
+        cuferry::enable_peer_access(Device::Host, Device::Host),
         Err(Error::Unsupported { .. })
     ));
+    if Device::cuda_count() > 0 {
+        // (Without a device, the CUDA side's absence is reported first: see above.)
+        assert!(matches!(
+            cuferry::enable_peer_access(Device::Host, Device::Cuda(0)),
+            Err(Error::Unsupported { .. })
+        ));
+    }
     let s = Stream::new(Device::Host).unwrap();
     assert!(DeviceSpec::with_streams(Device::Host, s.clone(), Some(s.clone())).is_ok());
     assert!(matches!(DeviceSpec::with_streams(Device::Cuda(0), s, None), Err(Error::InvalidArgument { .. })));

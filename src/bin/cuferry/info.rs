@@ -1,7 +1,8 @@
 //! `cuferry info`: devices, memory, versions, or why only the host backend runs.
 //!
 //! Rules: it succeeds on a machine without a GPU, driver or CUDA build, reporting the host
-//! backend and the reason; a device that exists but cannot be read fails the exit code.
+//! backend and the reason; a device that exists but cannot be read (its properties, memory,
+//! L2 fetch granularity or host wait mode) fails the exit code.
 
 use std::process::ExitCode;
 
@@ -47,6 +48,7 @@ pub fn run() -> ExitCode {
         match dev.properties() {
             Ok(p) => {
                 let mem = dev.memory_info().map(|m| format!("{} free of {}", gib(m.free), gib(m.total)));
+                ok &= mem.is_ok();
                 println!(
                     "{dev}: {} | sm_{}{} | {} SMs | L2 {} MiB | PCI {} | {} copy engine(s)",
                     p.name,
@@ -58,11 +60,13 @@ pub fn run() -> ExitCode {
                     p.async_engine_count
                 );
                 println!("  memory: {}", mem.unwrap_or_else(|e| format!("unknown ({e})")));
-                let fetch = dev
-                    .l2_fetch_granularity()
-                    .map_or_else(|e| format!("unknown ({e})"), |b| format!("{b} B"));
+                let fetch = dev.l2_fetch_granularity();
+                ok &= fetch.is_ok();
+                let fetch = fetch.map_or_else(|e| format!("unknown ({e})"), |b| format!("{b} B"));
                 println!("  L2 fetch granularity (max bytes per DRAM fetch): {fetch}");
-                let wait = dev.host_wait().map_or_else(|e| format!("unknown ({e})"), |w| w.to_string());
+                let wait = dev.host_wait();
+                ok &= wait.is_ok();
+                let wait = wait.map_or_else(|e| format!("unknown ({e})"), |w| w.to_string());
                 println!("  host wait mode (Device::set_host_wait): {wait}");
                 println!(
                     "  managed memory: {} | concurrent managed access: {} | pageable access: {} | \
@@ -110,6 +114,10 @@ fn print_topology() {
     }
     println!("NVIDIA driver: {}", topo.driver_version.as_deref().unwrap_or("unknown"));
     for d in &topo.devices {
+        if let Some(why) = &d.unreadable {
+            println!("  nvml {}: {why}", d.nvml_index);
+            continue;
+        }
         let link = |l: Option<(u32, u32)>| l.map_or("?".to_string(), |(g, w)| format!("Gen{g} x{w}"));
         println!(
             "  nvml {} ({}): PCIe {} (max {}), {} active NVLink(s)",
