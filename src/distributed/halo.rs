@@ -17,12 +17,15 @@
 //! - Memory handed to MPI: host-backend buffers always go straight to MPI; CUDA buffers go
 //!   straight to MPI only when the MPI is CUDA-aware ([`cuda_aware_mpi`], or forced with
 //!   [`Staging::Direct`]), otherwise through pinned staging buffers made once per link.
-//! - Nothing hangs: waiting polls with a deadline ([`ExchangeOptions::timeout`], an
-//!   [`Error::Timeout`] when it passes). A rank whose exchange fails tells its peers (a message
+//! - Nothing hangs on a peer: waiting for MPI polls with a deadline
+//!   ([`ExchangeOptions::timeout`], an [`Error::Timeout`] when it passes). The local waits for
+//!   the packers' streams (a pack to finish before its send, an unpack before the exchange
+//!   returns) are not bounded by it: a stalled local stream blocks like any synchronize. A rank whose exchange fails tells its peers (a message
 //!   on a reserved tag of the communicator's private duplicate), and they return
 //!   [`Error::PeerFailed`] instead of waiting for it. After any failure the communicator is
 //!   closed ([`Error::Closed`] from then on): messages may still be in flight, so its buffers
-//!   are leaked rather than freed under MPI (at most one step's buffers, once).
+//!   are leaked rather than freed under MPI (at most one step's buffers and the notice, once),
+//!   and when they were, its links are gone too ([`HaloCommunicator::sends`] is empty).
 //! - That promise starts at [`HaloCommunicator::new`], a collective every rank must reach: a
 //!   rank that fails before calling it (building its packers, say) leaves the others blocked
 //!   in it, as with any MPI collective. Build what can fail first, then call `new` everywhere.
@@ -94,14 +97,43 @@ pub struct HaloLink {
     tag: i32,
     tile: usize,
     packer: HaloPacker,
+    /// The tile quantity of each of the packer's exchanges, when named
+    /// ([`HaloLink::with_quantities`]); else quantity-major over every quantity.
+    quantities: Option<Vec<usize>>,
 }
 
 impl HaloLink {
     /// A link with `peer` (a rank of the communicator) carrying `tag`, packing from or
     /// unpacking into the arrays of local tile `tile` (an index into the tiles passed to
     /// [`HaloCommunicator::exchange_tiles`]; 0 for [`HaloCommunicator::exchange`]).
+    ///
+    /// The packer's exchanges are taken as quantity-major over every quantity of the tile:
+    /// with `q` arrays in the tile and `q * k` exchanges, `k` regions of quantity 0, then `k`
+    /// of quantity 1, and so on. A link carrying only some quantities, or a different number
+    /// of regions each, names them with [`HaloLink::with_quantities`].
     pub fn new(peer: i32, tag: i32, tile: usize, packer: HaloPacker) -> Self {
-        HaloLink { peer, tag, tile, packer }
+        HaloLink { peer, tag, tile, packer, quantities: None }
+    }
+
+    /// Names the tile quantity (an index into [`TileArrays::x`] and `y`) of each of the
+    /// packer's exchanges, in the packer's order: `[0, 0, 2]` packs its first two regions
+    /// from (or unpacks them into) quantity 0 and its third from quantity 2. An index past the
+    /// tile's arrays fails the exchange.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when the list's length is not the packer's number of
+    /// exchanges.
+    pub fn with_quantities(mut self, quantity_of_exchange: Vec<usize>) -> Result<Self> {
+        if quantity_of_exchange.len() != self.packer.quantities() {
+            return Err(Error::invalid(format!(
+                "{} quantities named for a packer of {} exchanges",
+                quantity_of_exchange.len(),
+                self.packer.quantities()
+            )));
+        }
+        self.quantities = Some(quantity_of_exchange);
+        Ok(self)
     }
 
     /// The peer rank.
@@ -125,15 +157,17 @@ impl HaloLink {
     }
 }
 
-/// The arrays of one local tile: one per quantity (x components), and the y components of
-/// vector quantities. A link's packer lists its exchanges quantity-major (`k` regions of
-/// quantity 0, then `k` regions of quantity 1, ...); each region of quantity `q` is packed
-/// from, or unpacked into, `x[q]` (and `y[q]`).
+/// The arrays of one local tile: one per quantity (x components), and for a tile of vector
+/// quantities their y components. A tile is all scalar or all vector: every link of a tile
+/// has a scalar packer, or every one a vector packer (checked by [`HaloCommunicator::new`]);
+/// exchange scalars and vectors as two tiles. Each region of quantity `q` (see
+/// [`HaloLink::new`] and [`HaloLink::with_quantities`] for which that is) is packed from, or
+/// unpacked into, `x[q]` (and `y[q]`).
 #[derive(Clone, Copy, Debug)]
 pub struct TileArrays<'a, T: Element> {
-    /// The arrays (x components of vectors), in the order of the packers' exchanges.
+    /// The arrays (x components of vectors), one per quantity.
     pub x: &'a [&'a DeviceBuffer<T>],
-    /// The y components, for packers built with vector exchanges.
+    /// The y components, as many as `x`, for a tile of vector quantities; `None` for scalars.
     pub y: Option<&'a [&'a DeviceBuffer<T>]>,
 }
 
@@ -271,6 +305,26 @@ impl HaloCommunicator {
                 }
             }
         }
+        // A tile's arrays come with y components or without: its links cannot mix packers.
+        let all = sends.iter().chain(recvs);
+        for l in all.clone() {
+            if let Some(other) =
+                all.clone().find(|o| o.tile == l.tile && o.packer.is_vector() != l.packer.is_vector())
+            {
+                let kind = |v: bool| if v { "vector" } else { "scalar" };
+                return Err(Error::invalid(format!(
+                    "tile {} has links with {} and with {} packers (with rank {} tag {}, and rank {} tag {}); \
+                     exchange scalar and vector quantities as two tiles",
+                    l.tile,
+                    kind(l.packer.is_vector()),
+                    kind(other.packer.is_vector()),
+                    l.peer,
+                    l.tag,
+                    other.peer,
+                    other.tag
+                )));
+            }
+        }
         // Messages to self are checked here: MPI may deliver a longer one cut short without an
         // error (Open MPI does), which the size check after the receive could not see.
         for r in recvs.iter().filter(|r| r.peer == me) {
@@ -316,17 +370,17 @@ impl HaloCommunicator {
         self.comm.rank()
     }
 
-    /// The send links.
+    /// The send links (none after a failure that leaked them: see the module rules).
     pub fn sends(&self) -> impl Iterator<Item = &HaloLink> {
         self.sends.iter().map(|s| &s.link)
     }
 
-    /// The receive links.
+    /// The receive links (none after a failure that leaked them).
     pub fn receives(&self) -> impl Iterator<Item = &HaloLink> {
         self.recvs.iter().map(|s| &s.link)
     }
 
-    /// Bytes one exchange sends.
+    /// Bytes one exchange sends (0 after a failure that leaked the links).
     pub fn bytes_sent(&self) -> usize {
         self.sends.iter().map(|s| s.link.packer.buffer_bytes()).sum()
     }
@@ -561,8 +615,9 @@ fn advance_send(s: &mut LinkState, comm: ::mpi::ffi::MPI_Comm) -> Result<Option<
     Ok(Some(bytes))
 }
 
-/// The packer's array lists for a tile: its exchanges are quantity-major (`k` regions of
-/// quantity 0, then `k` of quantity 1, ...), the tile has one array per quantity.
+/// The packer's array lists for a tile: the quantity of each exchange as the link names it
+/// ([`HaloLink::with_quantities`]), else quantity-major over every quantity (`k` regions of
+/// quantity 0, then `k` of quantity 1, ...); the tile has one array per quantity.
 #[allow(clippy::type_complexity)]
 fn per_exchange<'a, T: Element>(
     link: &HaloLink,
@@ -570,15 +625,30 @@ fn per_exchange<'a, T: Element>(
 ) -> Result<(Vec<&'a DeviceBuffer<T>>, Option<Vec<&'a DeviceBuffer<T>>>)> {
     let exchanges = link.packer.quantities();
     let quantities = tile.x.len();
-    if quantities == 0 || exchanges % quantities != 0 {
-        return Err(Error::invalid(format!(
-            "tile {} has {quantities} arrays but the link's packer has {exchanges} exchanges (not a multiple)",
-            link.tile
-        )));
-    }
-    let regions = exchanges / quantities;
+    let quantity_of: Vec<usize> = match &link.quantities {
+        Some(named) => {
+            if let Some(&q) = named.iter().find(|&&q| q >= quantities) {
+                return Err(Error::invalid(format!(
+                    "a link names quantity {q} of tile {}, which has {quantities} arrays",
+                    link.tile
+                )));
+            }
+            named.clone()
+        }
+        None => {
+            if quantities == 0 || exchanges % quantities != 0 {
+                return Err(Error::invalid(format!(
+                    "tile {} has {quantities} arrays but the link's packer has {exchanges} exchanges \
+                     (not a multiple; name each exchange's quantity with HaloLink::with_quantities)",
+                    link.tile
+                )));
+            }
+            let regions = exchanges / quantities;
+            (0..exchanges).map(|i| i / regions).collect()
+        }
+    };
     let expand = |arrays: &[&'a DeviceBuffer<T>]| -> Vec<&'a DeviceBuffer<T>> {
-        (0..exchanges).map(|i| arrays[(i / regions).min(arrays.len() - 1)]).collect()
+        quantity_of.iter().map(|&q| arrays[q]).collect()
     };
     let y = match tile.y {
         Some(y) if y.len() != quantities => {
@@ -619,5 +689,70 @@ fn back_off(idle_polls: u32) {
         0..=64 => std::hint::spin_loop(),
         65..=1024 => std::thread::yield_now(),
         _ => std::thread::sleep(Duration::from_micros(50)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::halo::{ElementType, HaloExchange, HaloSpec, HorizontalDims};
+    use crate::stream::Stream;
+
+    /// A 4 x 6 f64 array (y, x) and its east column sent into column 0.
+    fn east_exchange() -> HaloExchange {
+        let spec = HaloSpec::contiguous(ElementType::F64, &[4, 6], HorizontalDims::xy(1, 0)).unwrap();
+        HaloExchange::new(&spec, &[0..4, 4..5], 0, &[0..4, 0..1]).unwrap()
+    }
+
+    fn packer(exchanges: usize, vector: bool) -> HaloPacker {
+        let list = vec![east_exchange(); exchanges];
+        HaloPacker::new(Device::Host, &list, vector.then_some(&list[..])).unwrap()
+    }
+
+    /// A tile whose links mix scalar and vector packers cannot be exchanged (its arrays come
+    /// with y components or without): refused when the links are built, not at every exchange.
+    #[test]
+    fn a_tile_mixing_scalar_and_vector_links_is_refused() {
+        let sends = vec![HaloLink::new(1, 0, 0, packer(1, false)), HaloLink::new(1, 1, 0, packer(1, true))];
+        let err = HaloCommunicator::check_links(0, 2, &sends, &[]).unwrap_err();
+        assert!(matches!(&err, Error::InvalidArgument { what } if what.contains("tile 0")), "{err:?}");
+        // Across directions too.
+        let sends = vec![HaloLink::new(1, 0, 0, packer(1, false))];
+        let recvs = vec![HaloLink::new(1, 0, 0, packer(1, true))];
+        assert!(HaloCommunicator::check_links(0, 2, &sends, &recvs).is_err());
+        // Scalars and vectors as two tiles are fine.
+        let sends = vec![HaloLink::new(1, 0, 0, packer(1, false)), HaloLink::new(1, 1, 1, packer(1, true))];
+        HaloCommunicator::check_links(0, 2, &sends, &[]).unwrap();
+    }
+
+    /// Without names, exchanges are quantity-major over every quantity; a link carrying only
+    /// some quantities names them, and each exchange then reads the array it names (the
+    /// inference would have mapped a 2-exchange link over a 2-array tile to both arrays).
+    #[test]
+    fn exchanges_map_to_the_quantities_the_link_names() {
+        let stream = Stream::new(Device::Host).unwrap();
+        let a = DeviceBuffer::<f64>::zeroed(&stream, 24).unwrap();
+        let b = DeviceBuffer::<f64>::zeroed(&stream, 24).unwrap();
+        let c = DeviceBuffer::<f64>::zeroed(&stream, 24).unwrap();
+        let tile = TileArrays { x: &[&a, &b, &c], y: None };
+        let ptrs = |v: Vec<&DeviceBuffer<f64>>| v.iter().map(|d| d.as_ptr()).collect::<Vec<_>>();
+
+        let inferred = HaloLink::new(1, 0, 0, packer(6, false));
+        let (x, y) = per_exchange(&inferred, &tile).unwrap();
+        assert_eq!(ptrs(x), [a.as_ptr(), a.as_ptr(), b.as_ptr(), b.as_ptr(), c.as_ptr(), c.as_ptr()]);
+        assert!(y.is_none());
+
+        let named = HaloLink::new(1, 0, 0, packer(3, false)).with_quantities(vec![0, 0, 2]).unwrap();
+        let (x, _) = per_exchange(&named, &tile).unwrap();
+        assert_eq!(ptrs(x), [a.as_ptr(), a.as_ptr(), c.as_ptr()]);
+
+        // A name past the tile's arrays fails the exchange; a list of the wrong length, the link.
+        let past = HaloLink::new(1, 0, 0, packer(2, false)).with_quantities(vec![0, 3]).unwrap();
+        assert!(matches!(per_exchange(&past, &tile), Err(Error::InvalidArgument { .. })));
+        let short = HaloLink::new(1, 0, 0, packer(2, false)).with_quantities(vec![0]);
+        assert!(matches!(short, Err(Error::InvalidArgument { .. })));
+        // Unnamed, a count that is no multiple of the tile's arrays is refused.
+        let odd = HaloLink::new(1, 0, 0, packer(2, false));
+        assert!(matches!(per_exchange(&odd, &tile), Err(Error::InvalidArgument { .. })));
     }
 }

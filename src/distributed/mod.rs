@@ -20,8 +20,9 @@
 //!   also have a deadline ([`Error::Timeout`](crate::Error::Timeout)). The distributed
 //!   operator's scatter uses blocking sends and receives, posted only after every rank agreed
 //!   that its part can go ahead.
-//! - MPI is called from the thread that calls these objects only (MPI's `THREAD_SINGLE` or
-//!   `FUNNELED` suffices).
+//! - MPI is called from the thread that calls these objects only. With MPI initialised as
+//!   `THREAD_SINGLE` or `FUNNELED`, that must be the thread that initialised MPI; calling
+//!   from another thread needs `THREAD_SERIALIZED` (one thread at a time) or more.
 //!
 //! # Examples
 //!

@@ -96,10 +96,6 @@ pub(crate) struct RawRequest {
     done: bool,
 }
 
-// SAFETY: an MPI_Request is an opaque handle; the crate calls MPI from one thread at a time
-// per request (the halo communicator is used through `&mut self`).
-unsafe impl Send for RawRequest {}
-
 impl RawRequest {
     /// Starts sending `bytes` bytes at `ptr` to `dest` with `tag`.
     ///
