@@ -80,11 +80,11 @@ cuferry_status cuferry_cuda_device_free(int32_t device, void *ptr) { (void)devic
 cuferry_status cuferry_cuda_pinned_alloc(int32_t device, size_t bytes, uint32_t flags, void **ptr) {
   (void)device; (void)bytes; (void)flags; (void)ptr; NB;
 }
-cuferry_status cuferry_cuda_pinned_free(void *ptr) { (void)ptr; NB; }
+cuferry_status cuferry_cuda_pinned_free(int32_t device, void *ptr) { (void)device; (void)ptr; NB; }
 cuferry_status cuferry_cuda_host_register(int32_t device, void *ptr, size_t bytes, uint32_t flags) {
   (void)device; (void)ptr; (void)bytes; (void)flags; NB;
 }
-cuferry_status cuferry_cuda_host_unregister(void *ptr) { (void)ptr; NB; }
+cuferry_status cuferry_cuda_host_unregister(int32_t device, void *ptr) { (void)device; (void)ptr; NB; }
 cuferry_status cuferry_cuda_memcpy_async(void *dst, const void *src, size_t bytes,
                                     cuferry_copy_kind kind, cuferry_stream stream) {
   (void)dst; (void)src; (void)bytes; (void)kind; (void)stream; NB;

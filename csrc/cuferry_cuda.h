@@ -193,11 +193,13 @@ cuferry_status cuferry_cuda_device_alloc(int32_t device, size_t bytes, void **pt
 cuferry_status cuferry_cuda_device_free(int32_t device, void *ptr);
 /** cudaHostAlloc with CUFERRY_PINNED_* flags, made with `device` current. */
 cuferry_status cuferry_cuda_pinned_alloc(int32_t device, size_t bytes, uint32_t flags, void **ptr);
-/** cudaFreeHost; NULL is a no-op. */
-cuferry_status cuferry_cuda_pinned_free(void *ptr);
+/** cudaFreeHost with `device` (the allocating device) current, so that a free on a thread that
+ *  never used CUDA does not create device 0's context; NULL is a no-op. */
+cuferry_status cuferry_cuda_pinned_free(int32_t device, void *ptr);
 /** cudaHostRegister of caller memory with CUFERRY_REGISTER_* flags. */
 cuferry_status cuferry_cuda_host_register(int32_t device, void *ptr, size_t bytes, uint32_t flags);
-cuferry_status cuferry_cuda_host_unregister(void *ptr);
+/** cudaHostUnregister with `device` (the registering device) current, as pinned_free. */
+cuferry_status cuferry_cuda_host_unregister(int32_t device, void *ptr);
 
 /* ---- copies -------------------------------------------------------------------------------- */
 

@@ -45,10 +45,13 @@ cuferry_status cuferry_cuda_pinned_alloc(int32_t device, size_t bytes, uint32_t 
   return CUFERRY_STATUS_SUCCESS;
 }
 
-cuferry_status cuferry_cuda_pinned_free(void *ptr) {
+cuferry_status cuferry_cuda_pinned_free(int32_t device, void *ptr) {
   if (ptr == nullptr) {
     return CUFERRY_STATUS_SUCCESS;
   }
+  // With no current device (a fresh thread) the runtime would use, and create, device 0's
+  // primary context: a multi-GPU process then holds memory on a device it never used.
+  CF_TRY(cudaSetDevice(device));
   return cf_check(cudaFreeHost(ptr));
 }
 
@@ -62,8 +65,9 @@ cuferry_status cuferry_cuda_host_register(int32_t device, void *ptr, size_t byte
   return cf_check(cudaHostRegister(ptr, bytes, cuda_flags));
 }
 
-cuferry_status cuferry_cuda_host_unregister(void *ptr) {
+cuferry_status cuferry_cuda_host_unregister(int32_t device, void *ptr) {
   CF_REQUIRE(ptr);
+  CF_TRY(cudaSetDevice(device));  // as in cuferry_cuda_pinned_free
   return cf_check(cudaHostUnregister(ptr));
 }
 

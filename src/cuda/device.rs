@@ -126,9 +126,11 @@ impl DeviceScope {
 impl Drop for DeviceScope {
     fn drop(&mut self) {
         if let Some(device) = self.restore {
-            // SAFETY: a plain value argument. A failure leaves `device`'s scope device current;
-            // there is nothing better to do in a drop.
-            let _ = unsafe { sys::cuferry_cuda_set_device(device) };
+            // SAFETY: a plain value argument. A failure leaves the scope's device current;
+            // it is recorded for `take_drop_error` (a drop cannot return it).
+            if let Err(err) = check("cudaSetDevice", unsafe { sys::cuferry_cuda_set_device(device) }) {
+                crate::error::record_drop_error(err);
+            }
         }
     }
 }

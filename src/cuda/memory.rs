@@ -58,14 +58,16 @@ pub(crate) fn pinned_alloc(device: u32, bytes: usize, flags: u32) -> Result<*mut
     Ok(p)
 }
 
-/// `cudaFreeHost`.
+/// `cudaFreeHost` with `device` (the allocating device) made current first: on a thread with
+/// no current device the runtime would create device 0's context for the call.
 ///
 /// # Safety
 ///
 /// 1. `ptr` came from [`pinned_alloc`] (or is null) and no queued work uses it.
-pub(crate) unsafe fn pinned_free(ptr: *mut c_void) -> Result<()> {
+pub(crate) unsafe fn pinned_free(device: u32, ptr: *mut c_void) -> Result<()> {
+    let dev = ordinal(device)?;
     // SAFETY: precondition 1.
-    check("cudaFreeHost", unsafe { sys::cuferry_cuda_pinned_free(ptr) })
+    check("cudaFreeHost", unsafe { sys::cuferry_cuda_pinned_free(dev, ptr) })
 }
 
 /// `cudaHostRegister` with `CUFERRY_REGISTER_*` flags.
@@ -79,14 +81,16 @@ pub(crate) unsafe fn host_register(device: u32, ptr: *mut c_void, bytes: usize, 
     check("cudaHostRegister", unsafe { sys::cuferry_cuda_host_register(dev, ptr, bytes, flags) })
 }
 
-/// `cudaHostUnregister`.
+/// `cudaHostUnregister` with `device` (the registering device) made current first, as
+/// [`pinned_free`].
 ///
 /// # Safety
 ///
 /// 1. `ptr` was registered by [`host_register`] and no queued work uses it.
-pub(crate) unsafe fn host_unregister(ptr: *mut c_void) -> Result<()> {
+pub(crate) unsafe fn host_unregister(device: u32, ptr: *mut c_void) -> Result<()> {
+    let dev = ordinal(device)?;
     // SAFETY: precondition 1.
-    check("cudaHostUnregister", unsafe { sys::cuferry_cuda_host_unregister(ptr) })
+    check("cudaHostUnregister", unsafe { sys::cuferry_cuda_host_unregister(dev, ptr) })
 }
 
 /// `cudaMemcpyAsync`.

@@ -379,7 +379,7 @@ impl Drop for TrackedAllocation {
             // SAFETY: the pointer came from `device_alloc` on `ordinal`; no queued work uses it.
             Origin::CudaDevice(ordinal) => unsafe { raw::device_free(ordinal, self.ptr.cast::<c_void>()) },
             // SAFETY: the pointer came from `pinned_alloc`; no queued work uses it.
-            Origin::CudaPinned(_) => unsafe { raw::pinned_free(self.ptr.cast::<c_void>()) },
+            Origin::CudaPinned(ordinal) => unsafe { raw::pinned_free(ordinal, self.ptr.cast::<c_void>()) },
         };
         if let Err(err) = freed {
             record_drop_error(err);

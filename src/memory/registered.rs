@@ -140,8 +140,10 @@ impl<T: Element> HostRegistration<T> {
         }
         if std::mem::take(&mut self.pinned) {
             let (ptr, _) = self.ptr_bytes();
+            // Registered only for a CUDA device (see `new`).
+            let ordinal = self.device.cuda_ordinal().unwrap_or(0);
             // SAFETY: the memory was registered in `new` and no queued work uses it any more.
-            if let Err(err) = unsafe { raw::host_unregister(ptr.cast::<c_void>()) } {
+            if let Err(err) = unsafe { raw::host_unregister(ordinal, ptr.cast::<c_void>()) } {
                 // Still registered: freeing it would leave CUDA a registration over memory
                 // the allocator hands out again. Leak it instead.
                 if let Some(v) = self.data.take() {

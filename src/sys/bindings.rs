@@ -292,8 +292,8 @@ unsafe extern "C" {
     ) -> cuferry_status;
 }
 unsafe extern "C" {
-    #[doc = " cudaFreeHost; NULL is a no-op."]
-    pub fn cuferry_cuda_pinned_free(ptr: *mut ::std::os::raw::c_void) -> cuferry_status;
+    #[doc = " cudaFreeHost with `device` (the allocating device) current, so that a free on a thread that\n  never used CUDA does not create device 0's context; NULL is a no-op."]
+    pub fn cuferry_cuda_pinned_free(device: i32, ptr: *mut ::std::os::raw::c_void) -> cuferry_status;
 }
 unsafe extern "C" {
     #[doc = " cudaHostRegister of caller memory with CUFERRY_REGISTER_* flags."]
@@ -305,7 +305,8 @@ unsafe extern "C" {
     ) -> cuferry_status;
 }
 unsafe extern "C" {
-    pub fn cuferry_cuda_host_unregister(ptr: *mut ::std::os::raw::c_void) -> cuferry_status;
+    #[doc = " cudaHostUnregister with `device` (the registering device) current, as pinned_free."]
+    pub fn cuferry_cuda_host_unregister(device: i32, ptr: *mut ::std::os::raw::c_void) -> cuferry_status;
 }
 unsafe extern "C" {
     #[doc = " cudaMemcpyAsync of `bytes` in direction `kind` on `stream`."]
