@@ -55,7 +55,7 @@ pub struct Topology {
 
 impl DeviceLinks {
     /// The row of a device NVML lists but cannot open.
-    fn unreadable(nvml_index: u32, why: String) -> Self {
+    fn unopened(nvml_index: u32, why: String) -> Self {
         DeviceLinks {
             nvml_index,
             cuda_ordinal: None,
@@ -109,7 +109,7 @@ pub fn topology() -> Topology {
         let dev = match nvml.device_by_index(index) {
             Ok(dev) => dev,
             Err(e) => {
-                devices.push(DeviceLinks::unreadable(index, format!("NVML cannot open it: {e}")));
+                devices.push(DeviceLinks::unopened(index, format!("NVML cannot open it: {e}")));
                 continue;
             }
         };
