@@ -21,7 +21,7 @@
 //!   order and writes each region in row-major order WITHOUT turning: the rotation (and the
 //!   vector signs) are applied once, by the sender's pack.
 //! - Everything is checked before work is queued; bad input is [`Error::InvalidArgument`],
-//!   never a panic. Queued work is tracked like a copy (see [`crate::memory`]), so dropping
+//!   never a panic (a CUDA launch error may leave a descriptor table's upload queued). Queued work is tracked like a copy (see [`crate::memory`]), so dropping
 //!   arrays or the packer while it is pending is safe.
 //! - On CUDA each `pack` or `unpack` is ONE kernel launch reading a descriptor table (from
 //!   device memory, or with [`DescriptorPlacement::LaunchParameters`] from the launch's

@@ -125,8 +125,10 @@ impl HaloPacker {
     /// [`Error::InvalidArgument`] when the exchanges mix element types, `exchanges_y` differs
     /// in length from `exchanges_x`, a vector quantity has an unsigned or raw element type, its
     /// two exchanges turn differently, a slot's rotated pack shape differs from the unpack
-    /// shape it fills, or (on CUDA) a region exceeds the kernel's limits (2^31 - 1 elements,
-    /// and as many along one dim); allocation errors of the buffers.
+    /// shape it fills, or (on CUDA) a region exceeds the kernel's limits: 2^31 - 1 units, and
+    /// as many along one dim, where a unit is the largest power of two up to 8 bytes dividing
+    /// the element size (an element of 16 or 24 bytes counts 2 or 3); allocation errors of the
+    /// buffers.
     pub fn with_stream(
         stream: &Stream,
         exchanges_x: &[HaloExchange],
@@ -156,8 +158,9 @@ impl HaloPacker {
     }
 
     /// Sets the most threads one host-backend job may use (default: the machine's parallelism,
-    /// at most 16; `0` counts as 1). Jobs under 512 KiB always run on the stream's worker alone;
-    /// larger ones add a thread per 128 KiB up to this limit. No effect on CUDA.
+    /// at most 16; `0` counts as 1). Jobs under 512 KiB run on one thread (the caller's when the
+    /// stream is idle and the job is at most 1 MiB, as the module rules say; else the stream's
+    /// worker); larger ones add a thread per 128 KiB up to this limit. No effect on CUDA.
     pub fn set_host_threads(&mut self, threads: usize) {
         self.host_threads = threads.max(1);
     }
@@ -247,7 +250,8 @@ impl HaloPacker {
     /// [`Error::InvalidArgument`] when the number of arrays is wrong, `arrays_y` is given to a
     /// scalar packer or missing for a vector one, an array's element type does not match its
     /// spec, it is on another device, or it is shorter than its spec's strided extent; CUDA
-    /// errors of the table upload and the launch. Nothing is queued on error.
+    /// errors of the table upload and the launch. Nothing is queued on a validation error (on CUDA a
+    /// failed launch may leave its table's upload queued, which is harmless).
     pub fn pack<T: Element>(
         &mut self,
         arrays_x: &[&DeviceBuffer<T>],

@@ -1,7 +1,9 @@
 //! The pool of packed buffers, keyed by (device, size in bytes), shared by every packer.
 //!
 //! Rules:
-//! - A packer takes its buffers from the pool (or allocates zeroed ones) and gives them back
+//! - A packer takes its buffers from the pool (or allocates zeroed ones: a pooled buffer holds
+//!   its earlier packer's bytes, so an unpack buffer read before anything was written into it
+//!   has unspecified contents) and gives them back
 //!   when dropped, with work possibly still queued on them: the buffer's use tracker orders the
 //!   next user's work after it, and host reads wait for it, so no synchronisation is needed.
 //! - The pool keeps at most [`MAX_PER_KEY`] buffers per key; extra buffers are freed (their
@@ -10,7 +12,8 @@
 //! - A loaned buffer is handed out as `&mut DeviceBuffer`, which a caller can replace with
 //!   another buffer: every shared access (`get`, which the packer's jobs and copies use) checks
 //!   it is still of the loan's device and size, so a packer never runs over a buffer its plan
-//!   does not fit.
+//!   does not fit (`copy_pack_to_unpack` writes the loan through a length-checked copy, and
+//!   the next `unpack` checks its device).
 
 use std::collections::HashMap;
 use std::sync::{LazyLock, Mutex, MutexGuard};
