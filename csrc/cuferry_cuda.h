@@ -187,7 +187,7 @@ cuferry_status cuferry_cuda_event_elapsed_ms(cuferry_event start, cuferry_event 
 
 /* ---- memory ------------------------------------------------------------------------------- */
 
-/** cudaMalloc on `device`. `bytes` = 0 yields NULL and success. */
+/** cudaMalloc on `device`. `bytes` = 0 yields NULL and success once `device` is made current. */
 cuferry_status cuferry_cuda_device_alloc(int32_t device, size_t bytes, void **ptr);
 /** cudaFree on `device`; NULL is a no-op. */
 cuferry_status cuferry_cuda_device_free(int32_t device, void *ptr);

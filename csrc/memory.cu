@@ -1,6 +1,7 @@
 // memory.cu: device and pinned allocation, host registration, async copies and memset.
 //
-// Rules: zero-byte allocations succeed with NULL and allocate nothing; freeing NULL is a no-op;
+// Rules: zero-byte allocations succeed with NULL and allocate nothing (after the device is made
+// current, so a bad ordinal or missing driver still fails); freeing NULL is a no-op;
 // copies and memsets are asynchronous on the given stream (the caller keeps both buffers alive
 // until the stream has finished them).
 #include "common.cuh"
@@ -9,11 +10,12 @@ extern "C" {
 
 cuferry_status cuferry_cuda_device_alloc(int32_t device, size_t bytes, void **ptr) {
   CF_REQUIRE(ptr);
+  // The device first, for zero bytes too: a missing driver or ordinal is an error either way.
+  CF_TRY(cudaSetDevice(device));
   if (bytes == 0) {
     *ptr = nullptr;
     return CUFERRY_STATUS_SUCCESS;
   }
-  CF_TRY(cudaSetDevice(device));
   void *p = nullptr;
   CF_TRY(cudaMalloc(&p, bytes));
   *ptr = p;
@@ -30,6 +32,7 @@ cuferry_status cuferry_cuda_device_free(int32_t device, void *ptr) {
 
 cuferry_status cuferry_cuda_pinned_alloc(int32_t device, size_t bytes, uint32_t flags, void **ptr) {
   CF_REQUIRE(ptr);
+  CF_TRY(cudaSetDevice(device));  // as in cuferry_cuda_device_alloc
   if (bytes == 0) {
     *ptr = nullptr;
     return CUFERRY_STATUS_SUCCESS;
@@ -38,7 +41,6 @@ cuferry_status cuferry_cuda_pinned_alloc(int32_t device, size_t bytes, uint32_t 
   if (flags & CUFERRY_PINNED_PORTABLE) cuda_flags |= cudaHostAllocPortable;
   if (flags & CUFERRY_PINNED_MAPPED) cuda_flags |= cudaHostAllocMapped;
   if (flags & CUFERRY_PINNED_WRITE_COMBINED) cuda_flags |= cudaHostAllocWriteCombined;
-  CF_TRY(cudaSetDevice(device));
   void *p = nullptr;
   CF_TRY(cudaHostAlloc(&p, bytes, cuda_flags));
   *ptr = p;

@@ -203,6 +203,10 @@ fn over_aligned_element_types_are_refused() {
     assert!(matches!(DeviceBuffer::<TwoPages>::zeroed(&stream, 1), Err(Error::InvalidArgument { .. })));
     let pool = cuferry::managed::ManagedPool::new(Device::Host, Default::default()).unwrap();
     assert!(matches!(pool.alloc::<TwoPages>(1, &stream), Err(Error::InvalidArgument { .. })));
+    let registered = HostRegistration::new(Device::Host, vec![TwoPages([[0; 4096]; 2]); 1]);
+    assert!(matches!(registered, Err(Error::InvalidArgument { .. })));
+    // Zero-sized elements too: a registration of 5 of them would be 5 elements over 0 bytes.
+    assert!(matches!(HostRegistration::new(Device::Host, vec![(); 5]), Err(Error::InvalidArgument { .. })));
     // At the limit, buffers work and their slices are aligned.
     let lines = PinnedBuffer::<Line>::zeroed(Device::Host, 3).unwrap();
     let slice = lines.as_slice().unwrap();

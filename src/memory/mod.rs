@@ -18,9 +18,10 @@
 //!   read racing a copy into the same buffer.
 //! - Allocation that leaves memory uninitialised is `unsafe`; zeroed and copied-from
 //!   allocations are safe. Element types are plain data ([`Element`]).
-//! - Host-stream work (copies, kernel jobs) reaches every kind but CUDA device memory, and
-//!   managed memory only on devices with `concurrentManagedAccess` (elsewhere a host access
-//!   while a kernel runs faults): `Error::Unsupported` otherwise.
+//! - Host-stream work (copies, kernel jobs) reaches every kind but CUDA device memory
+//!   (`Error::InvalidArgument`), and managed memory only on devices with
+//!   `concurrentManagedAccess` (elsewhere a host access while a kernel runs faults:
+//!   `Error::Unsupported`).
 //! - On [`Device::Host`] every buffer cuferry allocates is ordinary page-aligned host memory,
 //!   so the same code runs without a GPU (registered memory is the caller's, aligned as its
 //!   `Vec` is).

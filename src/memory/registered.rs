@@ -12,6 +12,7 @@
 
 use std::os::raw::c_void;
 
+use super::allocation::byte_len;
 use super::sealed::{RawParts, Sealed};
 use super::tracker::UseTracker;
 use super::{Element, Memory, MemoryKind};
@@ -37,7 +38,6 @@ const NOT_SUPPORTED: i32 = 801;
 /// assert_eq!(reg.into_inner()?, vec![7u16; 8]);
 /// # Ok::<(), cuferry::Error>(())
 /// ```
-#[derive(Debug)]
 pub struct HostRegistration<T: Element> {
     /// The memory; `None` only after `into_inner` took it.
     data: Option<Vec<T>>,
@@ -47,14 +47,34 @@ pub struct HostRegistration<T: Element> {
     tracker: UseTracker,
 }
 
+/// Shows where the memory is, never its contents: a queued copy may be writing them (host
+/// access waits first, through `as_slice`).
+impl<T: Element> std::fmt::Debug for HostRegistration<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (ptr, bytes) = self.ptr_bytes();
+        f.debug_struct("HostRegistration")
+            .field("ptr", &ptr)
+            .field("len", &self.len())
+            .field("bytes", &bytes)
+            .field("pinned", &self.pinned)
+            .field("device", &self.device)
+            .field("tracker", &self.tracker)
+            .finish()
+    }
+}
+
 impl<T: Element> HostRegistration<T> {
     /// Registers `data` for fast copies with `device`.
     ///
     /// # Errors
     ///
-    /// CUDA errors of `cudaHostRegister` other than "not supported" and "already registered"
-    /// (which fall back to pageable memory).
+    /// As [`Device::check_available`] for `device` (also for an empty `data`);
+    /// [`Error::InvalidArgument`] for a zero-sized or over-aligned element type (the module
+    /// rules of [`crate::memory`]); CUDA errors of `cudaHostRegister` other than "not
+    /// supported" and "already registered" (which fall back to pageable memory).
     pub fn new(device: Device, data: Vec<T>) -> Result<Self> {
+        byte_len::<T>(data.len())?;
+        device.check_available()?;
         let mut reg =
             HostRegistration { data: Some(data), pinned: false, device, tracker: UseTracker::default() };
         let (ptr, bytes) = reg.ptr_bytes();
@@ -132,10 +152,13 @@ impl<T: Element> HostRegistration<T> {
     /// Waits for queued uses and unregisters (once).
     fn release(&mut self) -> Result<()> {
         if let Err(err) = self.tracker.wait_idle() {
-            // A copy may still be running: never hand back or free the memory.
+            // A copy may still be running: never hand back or free the memory. Its
+            // registration is leaked with it (nothing left to unregister, so a later
+            // `release`, from `Drop` after `into_inner`, reports nothing more).
             if let Some(v) = self.data.take() {
                 std::mem::forget(v);
             }
+            self.pinned = false;
             return Err(err);
         }
         if std::mem::take(&mut self.pinned) {
@@ -182,5 +205,30 @@ impl<T: Element> Memory<T> for HostRegistration<T> {
         } else {
             MemoryKind::Pageable
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::copy::copy;
+    use crate::memory::DeviceBuffer;
+    use crate::stream::test_gate::Gate;
+    use crate::stream::Stream;
+
+    /// `Debug` never reads the contents: here a copy into the registration is queued behind a
+    /// closed gate, so reading them would race the copy (it printed every element).
+    #[test]
+    fn debug_shows_no_contents_while_a_copy_is_queued() {
+        let stream = Stream::new(Device::Host).unwrap();
+        let src = DeviceBuffer::from_slice(&stream, &[987_654_321u32; 4]).unwrap();
+        let mut reg = HostRegistration::new(Device::Host, vec![123_456_789u32; 4]).unwrap();
+        let gate = Gate::hold(&stream);
+        copy(&stream, &src, &mut reg).unwrap();
+        let shown = format!("{reg:?}");
+        drop(gate); // lets the copy run
+        assert!(!shown.contains("123456789") && !shown.contains("987654321"), "{shown}");
+        assert!(shown.contains("len: 4"), "{shown}");
+        assert_eq!(reg.as_slice().unwrap(), [987_654_321u32; 4]);
     }
 }
