@@ -336,3 +336,34 @@ fn record_racing_wait_event_on_one_host_stream_never_wedges_it() {
     }
     waiter.join().unwrap();
 }
+
+/// A buffer dropped inside a host job while a copy of it is queued behind that job is freed
+/// after the copy (by the reaper), not waited for there: that wait would never end, since the
+/// copy runs only once the job returns.
+#[test]
+fn a_buffer_dropped_in_a_job_before_its_queued_copy_is_freed_after_it() {
+    let stream = Stream::new(Device::Host).unwrap();
+    let data: Vec<u32> = (0..50_000).collect();
+    let held = Arc::new(Mutex::new(Some(PinnedBuffer::from_slice(Device::Host, &data).unwrap())));
+    let (go, wait_for_go) = std::sync::mpsc::channel::<()>();
+    let (dropped, job_done) = std::sync::mpsc::channel::<()>();
+    let in_job = Arc::clone(&held);
+    stream
+        .host_fn(move || {
+            let _ = wait_for_go.recv_timeout(Duration::from_secs(10));
+            drop(in_job.lock().unwrap().take()); // its copy is queued behind this job
+            let _ = dropped.send(());
+        })
+        .unwrap();
+    let mut dst = DeviceBuffer::<u32>::zeroed(&stream, data.len()).unwrap();
+    copy(&stream, held.lock().unwrap().as_ref().unwrap(), &mut dst).unwrap();
+    go.send(()).unwrap();
+    if job_done.recv_timeout(Duration::from_secs(5)).is_err() {
+        // The worker is stuck: dropping what waits on it would hang the test instead of failing.
+        std::mem::forget(dst);
+        std::mem::forget(stream);
+        panic!("the drop inside the job waited for the copy queued behind the job");
+    }
+    assert_eq!(dst.to_vec(&stream).unwrap(), data, "the copy read freed memory");
+    assert!(cuferry::take_drop_error().is_none());
+}

@@ -344,9 +344,11 @@ impl TrackedAllocation {
 
 impl Drop for TrackedAllocation {
     fn drop(&mut self) {
-        if self.deferred && !matches!(self.tracker.is_idle(), Ok(true)) {
-            // Inside a host stream's job, waiting could be for work queued behind that job.
-            let capped = if crate::stream::host::in_job() { Capped::No } else { Capped::Yes };
+        // Inside a host stream's job, waiting could be for work queued behind that job, which
+        // never runs: every allocation dropped there with work pending goes to the reaper.
+        let in_job = crate::stream::host::in_job();
+        if (self.deferred || in_job) && !matches!(self.tracker.is_idle(), Ok(true)) {
+            let capped = if in_job { Capped::No } else { Capped::Yes };
             match super::reaper::defer(self.take(), capped) {
                 Ok(()) => return,
                 // No reaper, or its caps reached: wait and free here, as an unmarked one.

@@ -5,8 +5,10 @@
 //!
 //! Rules:
 //! - Only allocations marked for it are deferred (linop's arrays and their transfer staging,
-//!   whose intermediates are dropped inside `apply`); every other buffer's drop waits for its
-//!   queued work and frees, as the [memory module](crate::memory) says.
+//!   whose intermediates are dropped inside `apply`), and any allocation dropped inside a host
+//!   stream's job with work pending (waiting there could be for work queued behind that job,
+//!   which would never run); every other buffer's drop waits for its queued work and frees,
+//!   as the [memory module](crate::memory) says.
 //! - A marked allocation whose work has already finished is released at once by the dropping
 //!   thread; otherwise it is handed to the reaper thread, started on first use.
 //! - The reaper releases each allocation as soon as its tracker is idle, in whatever order

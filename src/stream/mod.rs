@@ -236,8 +236,10 @@ impl Stream {
     ///
     /// On CUDA streams `f` runs on a CUDA-owned thread and **must not call CUDA**, directly or
     /// by dropping cuferry buffers or streams (CUDA forbids it and may deadlock). On the host
-    /// backend `f` may drop linop arrays (their frees are deferred), but dropping another
-    /// buffer that has work queued behind `f` waits for that work, which never runs. A panic in `f`
+    /// backend `f` may drop device and pinned buffers and linop arrays with work pending (their
+    /// frees are deferred until that work has run), but dropping a
+    /// [`HostRegistration`](crate::HostRegistration) or a managed buffer that has work queued
+    /// behind `f` waits for that work, which never runs. A panic in `f`
     /// is caught and reported by the next [`Stream::synchronize`]. If the work before `f` hit a
     /// device error, `f` is dropped without running (on the CUDA thread) and `synchronize`
     /// reports the error.
