@@ -242,10 +242,9 @@ impl HaloCommunicator {
     ///
     /// [`Error::InvalidArgument`] for a peer outside the communicator, a tag outside
     /// `0..MAX_TAG`, a (peer, tag) pair used twice in one direction, a message to self without
-    /// its receive (or a receive from self without its send, or of another size); [`Error::Mpi`]
-    /// and allocation errors of the staging buffers. A link whose message is longer than
-    /// `i32::MAX` bytes is accepted here and fails the first exchange on both ends (an MPI
-    /// count is an `int`).
+    /// its receive (or a receive from self without its send, or of another size), a tile whose
+    /// links mix scalar and vector packers, a message longer than `i32::MAX` bytes (an MPI
+    /// count is an `int`); [`Error::Mpi`] and allocation errors of the staging buffers.
     pub fn new(
         comm: &impl Communicator,
         sends: Vec<HaloLink>,
@@ -285,6 +284,15 @@ impl HaloCommunicator {
         for (what, links) in [("send", sends), ("receive", recvs)] {
             let mut seen = BTreeSet::new();
             for l in links {
+                if i32::try_from(l.packer.buffer_bytes()).is_err() {
+                    return Err(Error::invalid(format!(
+                        "a {what} link with rank {} (tag {}) carries {} bytes; an MPI message holds at \
+                         most i32::MAX (split the link's exchanges over several links)",
+                        l.peer,
+                        l.tag,
+                        l.packer.buffer_bytes()
+                    )));
+                }
                 if !(0..size).contains(&l.peer) {
                     return Err(Error::invalid(format!(
                         "a {what} link names rank {} of a communicator of {size}",
@@ -723,6 +731,21 @@ mod tests {
         // Scalars and vectors as two tiles are fine.
         let sends = vec![HaloLink::new(1, 0, 0, packer(1, false)), HaloLink::new(1, 1, 1, packer(1, true))];
         HaloCommunicator::check_links(0, 2, &sends, &[]).unwrap();
+    }
+
+    /// A message longer than an MPI count (`int`) is refused when the links are built, on the
+    /// rank that has it (its peers hear of it through the agreement), not at the first exchange.
+    #[test]
+    fn a_message_past_the_mpi_count_is_refused_when_links_are_built() {
+        let row = 1usize << 31; // i32::MAX + 1 bytes
+        let spec = HaloSpec::contiguous(ElementType::U8, &[2, row], HorizontalDims::xy(1, 0)).unwrap();
+        let ex = HaloExchange::new(&spec, &[0..1, 0..row], 0, &[1..2, 0..row]).unwrap();
+        // The packer's buffers are zeroed host memory never touched: address space only.
+        let big = HaloPacker::new(Device::Host, &[ex], None).unwrap();
+        assert_eq!(big.buffer_bytes(), row);
+        let err = HaloCommunicator::check_links(0, 2, &[HaloLink::new(1, 0, 0, big)], &[]).unwrap_err();
+        assert!(matches!(&err, Error::InvalidArgument { what } if what.contains("i32::MAX")), "{err:?}");
+        crate::halo::clear_buffer_pool();
     }
 
     /// Without names, exchanges are quantity-major over every quantity; a link carrying only
