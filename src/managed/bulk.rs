@@ -466,6 +466,10 @@ pub unsafe fn discard_all(ranges: &[ManagedRange<'_>], stream: &Stream) -> Resul
 
 /// Gives `advice` for every range in one call; returns the bytes advised.
 ///
+/// CUDA has no batched advice: the call loops over the merged ranges and stops at the first
+/// refusal, so on an error the ranges before it keep the advice (advice is a hint, and giving
+/// it again, or its `Unset` form, is harmless).
+///
 /// # Errors
 ///
 /// See the [module rules](crate::managed); CUDA errors of `cudaMemAdvise`.
