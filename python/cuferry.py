@@ -175,7 +175,10 @@ class Library:
 
     def call(self, name, *args):
         """Calls C function `name`; a status other than OK raises (see the module rules)."""
-        result = getattr(self.raw, name)(*args)
+        return self._check(name, getattr(self.raw, name)(*args))
+
+    def _check(self, name, result):
+        """Raises for a status of `name` other than OK; returns `result` otherwise."""
         if name in self._checked and result != self.const.CUFERRY_STATUS_OK:
             message = (self.raw.cuferry_last_error_message() or b"").decode(errors="replace")
             kind = self._raised.get(result, CuferryError)
@@ -187,9 +190,14 @@ class Library:
         return self.raw.cuferry_version().decode()
 
     def device_count(self):
-        """CUDA devices usable by this process (0 without a driver or device)."""
+        """CUDA devices usable by this process (0 without a driver or device, or in a build
+        without CUDA; other failures raise)."""
         n = ctypes.c_int32()
-        self.call("cuferry_device_count", ctypes.byref(n))
+        result = self.raw.cuferry_device_count(ctypes.byref(n))
+        c = self.const
+        if result in (c.CUFERRY_STATUS_NO_DRIVER, c.CUFERRY_STATUS_NO_DEVICE, c.CUFERRY_STATUS_UNSUPPORTED):
+            return 0
+        self._check("cuferry_device_count", result)
         return n.value
 
     def host_wait(self, device):
@@ -231,7 +239,7 @@ class Library:
 
     def copy(self, stream, src, dst, nbytes, src_offset=0, dst_offset=0):
         """Queues a copy of `nbytes` on `stream`, ordered after both buffers' earlier uses."""
-        self.call("cuferry_copy", stream.handle, src.handle, src_offset, dst.handle, dst_offset, nbytes)
+        self.call("cuferry_copy", stream._live(), src._live(), src_offset, dst._live(), dst_offset, nbytes)
 
     def ring(self, device, depth, slot_bytes, fill_threads=4):
         """A slot ring of `depth` slots of `slot_bytes` uploading to `device`; `fill_threads`
@@ -444,6 +452,7 @@ class Ring(_Handle):
         super().__init__(lib, out)
         self.slot_bytes = slot_bytes
         self._calls = 0
+        self._closing = False
         self._idle = threading.Condition()
 
     def _call(self, name, *args):
@@ -463,12 +472,20 @@ class Ring(_Handle):
         (slot and item objects still held stay usable); idempotent."""
         with self._idle:
             handle = self.handle
-            if handle is None:
+            if handle is None or self._closing:
+                # Freed, or another thread is freeing it: wait for that one to finish.
+                self._idle.wait_for(lambda: self.handle is None)
                 return
+            self._closing = True
             self.lib.call("cuferry_ring_close", handle)
+            # The wait lets go of the lock: a second free() meanwhile sees `_closing`.
             self._idle.wait_for(lambda: self._calls == 0)
-            self.handle = None
-        self.lib.call(self._free, handle)
+        try:
+            self.lib.call(self._free, handle)
+        finally:
+            with self._idle:
+                self.handle = None
+                self._idle.notify_all()
 
     def acquire(self, timeout=None):
         """The next free host slot, waiting up to `timeout` seconds (`Timeout`, or `WouldBlock`

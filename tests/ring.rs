@@ -562,6 +562,26 @@ fn host_bytes_is_bounded_by_the_slot_memory() {
     }
 }
 
+/// Empty arrays read as empty on the host backend, also in a slot whose upload is empty (its
+/// bytes have no address to cast); a hand-made array layout whose shape overflows matches no
+/// data instead of panicking.
+#[test]
+fn empty_and_overflowing_arrays() {
+    let ring = SlotRing::new(Device::Host, RingOptions::new(2, SLOT)).unwrap();
+    let stream = Stream::new(Device::Host).unwrap();
+    let layout = SlotLayout::new().with::<f32>(&[0]).unwrap().with::<f64>(&[3, 0]).unwrap();
+    ring.acquire().unwrap().publish(SlotMeta::new(0, layout)).unwrap();
+    let slot = ring.next(&stream).unwrap();
+    assert_eq!(slot.host_array::<f32>(0).unwrap(), &[] as &[f32]);
+    assert_eq!(slot.host_array::<f64>(1).unwrap(), &[] as &[f64]);
+    drop(slot);
+    let huge = cuferry::ring::ArrayLayout { offset: 0, dtype: DType::F32, shape: vec![1 << 33, 1 << 33] };
+    assert_eq!((huge.len(), huge.bytes()), (usize::MAX, usize::MAX));
+    let pool = PackExecutor::new(1).unwrap();
+    let mut producer = ring.acquire().unwrap();
+    assert!(matches!(producer.write_array(&pool, &huge, &[1.0f32]), Err(Error::InvalidArgument { .. })));
+}
+
 /// A publish racing a close either fails with `Closed` or reaches the consumer, who drains it
 /// before seeing `Closed`: no slot is stranded published but never handed out (found by a
 /// memcheck run, where the pipelined fill's close test left one slot occupied).

@@ -375,7 +375,46 @@ fn uploads_waiting_for_a_busy_consumer(device: Device) {
     assert_eq!((stats.published, stats.occupancy), (count, 0), "{stats:?}");
 }
 
+/// An iterator in lock step with the consumer (it makes item k+1 only once item k was taken,
+/// as on-policy feedback does) gets each item published with `ahead == 1`, for every executor
+/// size (with no workers the producing thread copies): a fill held unpublished while the
+/// iterator waits would leave both waiting for ever.
+fn lock_step_iterator_with_one_item_ahead(device: Device) {
+    let data = items(8, SLOT);
+    for threads in [1, 2, 4] {
+        let ring = SlotRing::new(device, RingOptions::new(2, SLOT)).unwrap();
+        let pool = PackExecutor::new(threads).unwrap();
+        let (taken, wait_taken) = std::sync::mpsc::channel::<u64>();
+        std::thread::scope(|s| {
+            let consumer = s.spawn(|| {
+                let _guard = CloseOnPanic(&ring);
+                let stream = Stream::new(device).unwrap();
+                for expected in 0..data.len() as u64 {
+                    let slot =
+                        ring.next_timeout(&stream, Duration::from_secs(5)).expect("item not published");
+                    assert_eq!(slot.meta().sequence, expected);
+                    check(&slot, &stream, &data);
+                    drop(slot);
+                    taken.send(expected).unwrap();
+                }
+            });
+            let lock_step = data.iter().map(|item| {
+                if item.seq > 0 {
+                    // The consumer took the previous item (or gave up: then stop here).
+                    let previous = wait_taken.recv_timeout(Duration::from_secs(10));
+                    assert_eq!(previous.ok(), Some(item.seq - 1), "{threads} threads");
+                }
+                fill(item)
+            });
+            let published = ring.produce(&pool, 1, lock_step);
+            consumer.join().unwrap();
+            assert_eq!(published.unwrap(), data.len() as u64);
+        });
+    }
+}
+
 on_both_backends! {
+    lock_step_iterator_with_one_item_ahead => lock_step_iterator_with_one_item_ahead;
     uploads_waiting_for_a_busy_consumer => uploads_waiting_for_a_busy_consumer;
     streams_every_byte_in_order => streams_every_byte_in_order;
     consumer_holding_every_slot => consumer_holding_every_slot;

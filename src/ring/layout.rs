@@ -72,9 +72,10 @@ pub struct ArrayLayout {
 }
 
 impl ArrayLayout {
-    /// Number of elements.
+    /// Number of elements; `usize::MAX` when the shape's product overflows (possible only in a
+    /// layout built by hand: it then fits no slot, and no data matches it).
     pub fn len(&self) -> usize {
-        self.shape.iter().product()
+        self.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).unwrap_or(usize::MAX)
     }
 
     /// Whether the array has no elements.
@@ -82,9 +83,9 @@ impl ArrayLayout {
         self.len() == 0
     }
 
-    /// Size in bytes.
+    /// Size in bytes (`usize::MAX` on overflow, as [`ArrayLayout::len`]).
     pub fn bytes(&self) -> usize {
-        self.len() * self.dtype.size()
+        self.len().saturating_mul(self.dtype.size())
     }
 
     /// Checks that `data` can be this array: element type `T` and the same length.

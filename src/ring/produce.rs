@@ -17,6 +17,10 @@
 //! - It never blocks holding a filled, unpublished slot: when the ring is full it finishes and
 //!   publishes its oldest fill first, and blocks in [`SlotRing::acquire`] only with no fill of
 //!   its own pending. (A consumer waiting for that slot would otherwise wait forever.)
+//! - While the iterator makes the next item, up to `ahead - 1` earlier items may still be
+//!   filling (fills already finished are published before it runs). An iterator that waits
+//!   for the consumer to take the items it yielded (lock-step, on-policy feedback) needs
+//!   `ahead == 1`: then each item is published before the iterator is asked for the next.
 //! - It never waits for a free slot's last upload while a finished fill is unpublished: it
 //!   publishes fills as they finish until the upload is done, so the link is not left idle
 //!   behind this thread.
@@ -293,6 +297,12 @@ impl<'e> Line<'_, 'e> {
             slot: Some(slot),
             meta: Some(item.meta),
         });
+        // Before the iterator runs again: fills already finished go out now (not one item
+        // late), and with `ahead == 1` this item's fill is waited for and published, so an
+        // iterator that waits for the consumer to take it does not wait forever.
+        while self.front_done() || (self.ahead == 1 && !self.pending.is_empty()) {
+            self.publish_front()?;
+        }
         Ok(())
     }
 
@@ -319,6 +329,9 @@ impl SlotRing {
     /// - It returns only after every copy it queued is done, errors and panics included.
     /// - When the ring is full it publishes its oldest finished fill before waiting, so a
     ///   consumer never waits on a slot this call holds.
+    /// - While `items` makes its next item, up to `ahead - 1` earlier ones may still be
+    ///   filling, unpublished; with `ahead == 1` each item is published before the next is
+    ///   asked for (for iterators that wait on the consumer).
     /// - The items published are always a prefix of `items`; no slot is published torn.
     ///
     /// # Errors

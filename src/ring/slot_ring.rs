@@ -810,7 +810,12 @@ impl ConsumerSlot {
     /// As [`ConsumerSlot::host_bytes`], and a type or index mismatch.
     pub fn host_array<T: HasDType>(&self, index: usize) -> Result<&[T]> {
         let array = self.array::<T>(index)?.clone();
-        let bytes = &self.host_bytes()?[array.offset..array.offset + array.bytes()];
+        let all = self.host_bytes()?;
+        if array.bytes() == 0 {
+            // An empty slot's bytes have a dangling address, which a cast to `T` refuses.
+            return Ok(&[]);
+        }
+        let bytes = &all[array.offset..array.offset + array.bytes()];
         bytemuck::try_cast_slice(bytes).map_err(|e| Error::invalid(format!("array {index}: {e}")))
     }
 

@@ -16,6 +16,9 @@ device = int(sys.argv[2])
 print("cuferry", lib.version())
 assert len(lib.functions) >= 40 and "cuferry_ring_next" in lib.functions, lib.functions
 assert lib.const.CUFERRY_HOST == cuferry.HOST and lib.const.CUFERRY_STATUS_OK == 0
+# The probe that picks a backend: 0 (not an error) without a driver or device.
+count = lib.device_count()
+assert count >= (0 if device == cuferry.HOST else device + 1), count
 
 n = 1 << 20
 payload = bytes((i * 13 + 5) % 251 for i in range(n))

@@ -140,6 +140,22 @@ time.sleep(0.1)
 waiting.free()
 consumer.join(timeout=20)
 assert outcome == ["closed"], outcome
+
+# Two threads freeing a ring while a consumer waits in `next`: one destroys it, the other
+# waits for that (both destroying it would free the C object twice).
+for _ in range(20):
+    waiting = lib.ring(device, DEPTH, SLOT)
+    outcome = []
+    consumer = threading.Thread(target=wait_for_an_item, daemon=True)
+    consumer.start()
+    time.sleep(0.005)
+    freers = [threading.Thread(target=waiting.free, daemon=True) for _ in range(2)]
+    for t in freers:
+        t.start()
+    for t in freers + [consumer]:
+        t.join(timeout=20)
+    assert not any(t.is_alive() for t in freers + [consumer]), "a free or the consumer hung"
+    assert outcome == ["closed"] and waiting.handle is None, outcome
 stream.free()
 if checked < received:
     print(f"SKIP: bytes of {received - checked} items not checked (no CuPy to read device memory)")
