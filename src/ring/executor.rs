@@ -10,8 +10,9 @@
 //!   does so only when the executor has no workers (it has slots to publish).
 //! - [`PackExecutor::copy`] returns only when every chunk has been copied, so the borrowed
 //!   slices outlive the work; the calling thread copies one chunk itself. It splits into at
-//!   most `len / MIN_CHUNK` chunks (the last may be a few cache lines short of
-//!   [`MIN_CHUNK`]), so copies under twice [`MIN_CHUNK`] stay on the calling thread.
+//!   most `len / MIN_CHUNK` chunks of equal size but for 64-byte boundaries (each at most one
+//!   cache line short of [`MIN_CHUNK`]), so copies under twice [`MIN_CHUNK`] stay on the
+//!   calling thread.
 //! - Copies queued without waiting (the ring's pipelined fill, [`SlotRing::produce`]) are
 //!   crate-internal: whoever queues them keeps the memory alive until their latch is done.
 //! - Dropping the executor stops and joins its threads after the queued chunks.
@@ -131,14 +132,26 @@ impl Chunk {
     }
 }
 
-/// Splits `range` into at most `pieces` chunks of 64-byte multiples (the last one shorter).
+/// Splits `range` into at most `pieces` chunks as equal as 64-byte boundaries allow: chunk
+/// `i` starts at `i * len / pieces` rounded down to a multiple of 64, so every chunk is within
+/// 64 bytes of `len / pieces` (rounding every chunk up instead left the last one up to
+/// 64 bytes per chunk short: 65 bytes of a 1024-way split).
 fn split(range: RawCopy, pieces: usize) -> impl Iterator<Item = RawCopy> {
-    let len = range.len;
-    let chunk = len.div_ceil(pieces.max(1)).next_multiple_of(64).max(64);
-    (0..len).step_by(chunk).map(move |start| RawCopy {
-        src: range.src.wrapping_add(start),
-        dst: range.dst.wrapping_add(start),
-        len: chunk.min(len - start),
+    let (len, pieces) = (range.len, pieces.max(1));
+    let start = move |i: usize| -> usize {
+        if i >= pieces {
+            return len;
+        }
+        // The product can pass usize on 32-bit targets, never u128.
+        ((i as u128 * len as u128 / pieces as u128) as usize) & !63
+    };
+    (0..pieces).filter_map(move |i| {
+        let (from, to) = (start(i), start(i + 1));
+        (to > from).then(|| RawCopy {
+            src: range.src.wrapping_add(from),
+            dst: range.dst.wrapping_add(from),
+            len: to - from,
+        })
     })
 }
 
@@ -352,15 +365,26 @@ mod tests {
                     if len < 2 * min {
                         assert_eq!(lens.len(), 1, "{len} bytes were split ({min} minimum)");
                     }
-                    let (last, rest) = lens.split_last().unwrap();
-                    assert!(rest.iter().all(|&c| c >= min), "{len} bytes, {threads} threads: {lens:?}");
+                    // Every chunk within 64 bytes of an equal share, so at least `min` less
+                    // one cache line.
+                    let share = len / n;
                     assert!(
-                        *last + 64 * rest.len() >= min.min(len),
+                        lens.iter().all(|&c| c + 64 > share && c < share + 64),
+                        "{len} bytes, {threads} threads: {lens:?}"
+                    );
+                    assert!(
+                        lens.iter().all(|&c| c + 64 > min.min(len)),
                         "{len} bytes, {threads} threads: {lens:?}"
                     );
                 }
             }
         }
+        // Many threads: the old rounding left the last of 1024 chunks 65 bytes long.
+        let len = 1024 * MIN_QUEUED_CHUNK + 1;
+        let range = RawCopy { src: std::ptr::null(), dst: std::ptr::null_mut(), len };
+        let lens: Vec<usize> = split(range, 1024).map(|c| c.len).collect();
+        assert_eq!((lens.len(), lens.iter().sum::<usize>()), (1024, len));
+        assert!(lens.iter().all(|&c| c + 64 > MIN_QUEUED_CHUNK), "{:?}", &lens[1000..]);
     }
 
     #[test]
