@@ -10,8 +10,8 @@ mod util;
 use std::sync::Arc;
 
 use cuferry::linop::{
-    create_batched_linop, dim_role, split_linop, tile_ranges, Array, BatchSpec, Chain, Concat, Dense,
-    DeviceMatrix, Diagonal, DimRole, Dims, Field, Identity, Linop, LinopRef, Scalar,
+    create_batched_linop, dim_role, split_linop, tile_ranges, Add, Array, BatchSpec, Chain, Concat, Dense,
+    DeviceMatrix, Diagonal, DimRole, Dims, Field, Identity, Linop, LinopRef, Scalar, Zero,
 };
 use cuferry::{Device, DeviceSpec, Error, Stream};
 use num_complex::Complex;
@@ -35,10 +35,12 @@ fn dims(d: &[(&str, usize)]) -> Dims {
 
 #[test]
 fn tile_ranges_follow_the_rules() {
-    assert_eq!(tile_ranges(10, 3), vec![0..3, 3..6, 6..9, 9..10]);
-    assert_eq!(tile_ranges(6, 3), vec![0..3, 3..6]);
-    assert_eq!(tile_ranges(2, 5), vec![0..2]);
-    assert_eq!(tile_ranges(0, 5), vec![0..0]);
+    assert_eq!(tile_ranges(10, 3).unwrap(), vec![0..3, 3..6, 6..9, 9..10]);
+    assert_eq!(tile_ranges(6, 3).unwrap(), vec![0..3, 3..6]);
+    assert_eq!(tile_ranges(2, 5).unwrap(), vec![0..2]);
+    assert_eq!(tile_ranges(0, 5).unwrap(), vec![0..0]);
+    assert_eq!(tile_ranges(0, 0).unwrap(), vec![0..0]);
+    assert!(matches!(tile_ranges(5, 0), Err(Error::InvalidArgument { .. })), "no tiles cover the dim");
 }
 
 #[test]
@@ -125,6 +127,36 @@ impl Linop<f64> for FailingJob {
     }
     fn place_on(&self, _spec: &DeviceSpec) -> Result<LinopRef<f64>, Error> {
         Ok(Arc::new(self.clone()))
+    }
+}
+
+/// A sum whose part knows an internal dim with size 0 counts that part's own dim-less parts
+/// once when split along the dim, not once per tile: `T + (P + I)` with `P` knowing `k` at
+/// size 0 and `T` at size 4, split into two tiles of `k`, stays `T + I` (it was `T + 2 I`),
+/// for every tile size.
+#[test]
+fn a_part_of_size_zero_in_a_split_sum_counts_once() {
+    let spec = host();
+    let xd = dims(&[("x", 2)]);
+    // x -> k -> x through zeros: an operator that knows the internal dim k at size n.
+    let via_k = |n: usize| -> LinopRef<f64> {
+        let k = dims(&[("k", n)]);
+        Arc::new(
+            Chain::new(vec![
+                Arc::new(Zero::new(xd.clone(), k.clone()).unwrap()) as LinopRef<f64>,
+                Arc::new(Zero::new(k, xd.clone()).unwrap()),
+            ])
+            .unwrap(),
+        )
+    };
+    let identity: LinopRef<f64> = Arc::new(Identity::new(xd.clone()));
+    let inner: LinopRef<f64> = Arc::new(Add::new(vec![via_k(0), identity]).unwrap());
+    let op: LinopRef<f64> = Arc::new(Add::new(vec![via_k(4), inner]).unwrap());
+    let x = Array::from_slice(&spec, &[2], &[1.0, 2.0]).unwrap();
+    assert_eq!(op.apply(&x).unwrap().to_vec().unwrap(), [1.0, 2.0]);
+    for batch in [1, 2, 3] {
+        let batched = create_batched_linop(Arc::clone(&op), &[BatchSpec::new(&[("k", batch)])]).unwrap();
+        assert_eq!(batched.apply(&x).unwrap().to_vec().unwrap(), [1.0, 2.0], "tiles of {batch}");
     }
 }
 

@@ -198,7 +198,10 @@ pub(crate) fn split_internal<T: Field>(
 ) -> Result<LinopRef<T>> {
     match op.dim_size(dim) {
         None => Ok(once_in_first_tile(op, range)),
-        Some(n) if range.start >= n && n > 0 => Ok(Arc::new(Zero::like(op))),
+        // Past the part's extent it is zero, except in the tile starting at 0: a part of size
+        // 0 has no extent, yet its own parts lacking the dim must still count once (split to
+        // `0..0` in that tile only, not in every tile).
+        Some(n) if range.start > 0 && range.start >= n => Ok(Arc::new(Zero::like(op))),
         Some(n) => op.split(dim, range.start.min(n)..range.end.min(n)),
     }
 }

@@ -74,12 +74,21 @@ impl<T: Field> SplitGrid<T> {
     }
 }
 
-/// The tiles of a dim of `size` with batch size `batch`: `[0,b), [b,2b), ...`, ragged last.
-pub fn tile_ranges(size: usize, batch: usize) -> Vec<Range<usize>> {
-    if size == 0 || batch == 0 {
-        return std::iter::once(0..0).collect();
+/// The tiles of a dim of `size` with batch size `batch`: `[0,b), [b,2b), ...`, ragged last;
+/// one empty tile for a dim of size 0.
+///
+/// # Errors
+///
+/// [`Error::InvalidArgument`] for a batch size of 0 (with a size above 0: no tiles could
+/// cover the dim).
+pub fn tile_ranges(size: usize, batch: usize) -> Result<Vec<Range<usize>>> {
+    if size == 0 {
+        return Ok(vec![0..0]);
     }
-    (0..size).step_by(batch).map(|s| s..s.saturating_add(batch).min(size)).collect()
+    if batch == 0 {
+        return Err(Error::invalid(format!("a batch size of 0 for a dim of size {size}")));
+    }
+    Ok((0..size).step_by(batch).map(|s| s..s.saturating_add(batch).min(size)).collect())
 }
 
 /// Cuts `op` into tiles. See the [module docs](crate::linop).
@@ -115,7 +124,8 @@ pub fn split_linop<T: Field, S: AsRef<str>>(
     tiles.try_reserve_exact(count).map_err(|e| {
         Error::invalid(format!("a tile grid of shape {shape:?} ({count} tiles) does not fit in memory: {e}"))
     })?;
-    let ranges: Vec<Vec<Range<usize>>> = cuts.iter().map(|&(size, b)| tile_ranges(size, b)).collect();
+    let ranges: Vec<Vec<Range<usize>>> =
+        cuts.iter().map(|&(size, b)| tile_ranges(size, b)).collect::<Result<_>>()?;
     let mut index = vec![0usize; shape.len()];
     for _ in 0..count {
         let mut linop = op.clone_ref();
