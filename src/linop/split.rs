@@ -83,7 +83,7 @@ impl<T: Field> SplitGrid<T> {
 /// cover the dim).
 pub fn tile_ranges(size: usize, batch: usize) -> Result<Vec<Range<usize>>> {
     if size == 0 {
-        return Ok(vec![0..0]);
+        return Ok(std::iter::once(0..0).collect());
     }
     if batch == 0 {
         return Err(Error::invalid(format!("a batch size of 0 for a dim of size {size}")));
