@@ -130,6 +130,54 @@ impl Linop<f64> for FailingJob {
     }
 }
 
+/// An operator written outside the crate mapping `x` of one size to `x` of another.
+#[derive(Clone, Debug)]
+struct Resizes {
+    idims: Dims,
+    odims: Dims,
+}
+
+impl Linop<f64> for Resizes {
+    fn name(&self) -> &'static str {
+        "Resizes"
+    }
+    fn idims(&self) -> &Dims {
+        &self.idims
+    }
+    fn odims(&self) -> &Dims {
+        &self.odims
+    }
+    fn apply(&self, _x: &Array<f64>) -> Result<Array<f64>, Error> {
+        Err(Error::InvalidArgument { what: "never applied".into() })
+    }
+    fn adjoint(&self) -> LinopRef<f64> {
+        Arc::new(Resizes { idims: self.odims.clone(), odims: self.idims.clone() })
+    }
+    fn split(&self, _dim: &str, _r: std::ops::Range<usize>) -> Result<LinopRef<f64>, Error> {
+        Err(Error::InvalidArgument { what: "never split".into() })
+    }
+    fn place_on(&self, _spec: &DeviceSpec) -> Result<LinopRef<f64>, Error> {
+        Ok(Arc::new(self.clone()))
+    }
+}
+
+/// A block-diagonal `Concat` over one name needs each block's input and output sizes to
+/// agree: blocks 2 -> 3 and 2 -> 1 join to 4 -> 4, which the totals alone accepted, but the
+/// blocks' stretches of `x` differ on the two sides.
+#[test]
+fn a_block_diagonal_concat_refuses_blocks_that_resize_the_dim() {
+    let resize = |i: usize, o: usize| -> LinopRef<f64> {
+        Arc::new(Resizes { idims: dims(&[("x", i)]), odims: dims(&[("x", o)]) })
+    };
+    let r = Concat::new(vec![resize(2, 3), resize(2, 1)], Some("x"), Some("x"));
+    assert!(
+        matches!(&r, Err(Error::InvalidArgument { what }) if what.contains("operator 0")),
+        "{:?}",
+        r.err()
+    );
+    Concat::new(vec![resize(2, 2), resize(1, 1)], Some("x"), Some("x")).unwrap();
+}
+
 /// A sum whose part knows an internal dim with size 0 counts that part's own dim-less parts
 /// once when split along the dim, not once per tile: `T + (P + I)` with `P` knowing `k` at
 /// size 0 and `T` at size 4, split into two tiles of `k`, stays `T + I` (it was `T + 2 I`),

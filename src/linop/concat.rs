@@ -129,6 +129,23 @@ impl<T: Field> Concat<T> {
                 }
             }
         }
+        // One name on both sides: each block maps its own stretch of the dim, so its input and
+        // output sizes must agree (the joined totals alone could match across blocks). Every
+        // operator of the crate keeps this; an operator written outside it might not.
+        if let (Some(i), Some(o)) = (idim, odim) {
+            if i == o {
+                for (k, op) in ops.iter().enumerate() {
+                    let (n_in, n_out) = (op.idims().size_of(i), op.odims().size_of(o));
+                    if n_in != n_out {
+                        return Err(Error::invalid(format!(
+                            "Concat: operator {k} ({}) has {i:?} of size {n_in:?} in and {n_out:?} out; \
+                             a block-diagonal block maps its stretch of the dim onto itself",
+                            op.name()
+                        )));
+                    }
+                }
+            }
+        }
         let idims = joined(&ops, idim, "input", |o| o.idims())?;
         let odims = joined(&ops, odim, "output", |o| o.odims())?;
         check_batch_dims("Concat", &idims, &odims)?;
