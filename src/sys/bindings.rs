@@ -271,7 +271,7 @@ unsafe extern "C" {
     ) -> cuferry_status;
 }
 unsafe extern "C" {
-    #[doc = " cudaMalloc on `device`. `bytes` = 0 yields NULL and success."]
+    #[doc = " cudaMalloc on `device`. `bytes` = 0 yields NULL and success once `device` is made current."]
     pub fn cuferry_cuda_device_alloc(
         device: i32,
         bytes: usize,
