@@ -14,7 +14,11 @@ fn build_consumer(tag: &str) -> Option<PathBuf> {
     let (lib, src) = (common::cdylib_dir(), common::c_sources());
     let program = src.join("tests/c/consumer.c");
     if !program.exists() || !lib.join("libcuferry.so").exists() {
-        println!("SKIP: {} or {} missing", program.display(), lib.join("libcuferry.so").display());
+        common::skip_missing(&format!(
+            "{} or {} is missing",
+            program.display(),
+            lib.join("libcuferry.so").display()
+        ));
         return None;
     }
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
@@ -35,7 +39,7 @@ fn build_consumer(tag: &str) -> Option<PathBuf> {
         Ok(s) if s.success() => Some(out),
         Ok(s) => panic!("{cc} failed to build the C consumer ({s})"),
         Err(e) => {
-            println!("SKIP: no C compiler ({cc}: {e})");
+            common::skip_missing(&format!("no C compiler ({cc}: {e})"));
             None
         }
     }

@@ -143,14 +143,20 @@ fn l2_fetch_granularity_is_set_read_back_and_restored() {
     let refused = device.set_l2_fetch_granularity(cuferry::MAX_L2_FETCH_GRANULARITY + 1);
     assert!(matches!(refused, Err(Error::InvalidArgument { .. })), "{refused:?}");
     assert_eq!(device.l2_fetch_granularity().unwrap(), old, "a refused request changed the setting");
+    let mut applied = 0;
     for bytes in [32, 64, 128] {
         // Put back on drop, a failed assertion included.
         let Some(setting) = common::L2FetchSetting::set(device, bytes) else { continue };
+        applied += 1;
         let now = setting.applied;
         assert_eq!(now, device.l2_fetch_granularity().unwrap());
         assert!(now > 0 && now <= cuferry::MAX_L2_FETCH_GRANULARITY, "asked {bytes}, got {now}");
         drop(setting);
         assert_eq!(device.l2_fetch_granularity().unwrap(), old, "the guard put the old value back");
+    }
+    if applied == 0 {
+        // The H100 takes every one of these: refusing all of them there is a lost setting.
+        common::skip_missing(&format!("{device} refused every L2 fetch granularity"));
     }
     assert_eq!(device.set_l2_fetch_granularity(old).unwrap(), old);
     let bad = Device::Cuda(Device::cuda_count() + 3);

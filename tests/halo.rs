@@ -18,7 +18,7 @@ mod common;
 use std::ops::Range;
 use std::time::Duration;
 
-use common::Rng;
+use common::{Gate, Rng};
 use cuferry::halo::baseline::SeedBaseline;
 use cuferry::halo::{
     Component, DescriptorPlacement, ElementType, HaloExchange, HaloPacker, HaloSpec, HorizontalDims,
@@ -454,9 +454,9 @@ fn check_case<T: Val>(qs: &[Quantity<T>], vector: bool) {
     );
     assert_eq!(host.dst_x, ref_x, "unpacked x arrays differ from the reference");
     assert_eq!(host.dst_y, ref_y, "unpacked y arrays differ from the reference");
-    if Device::cuda_count() > 0 {
+    if let Some(gpu) = common::cuda_device() {
         for placement in [DescriptorPlacement::DeviceMemory, DescriptorPlacement::LaunchParameters] {
-            let cuda = run_crate(Device::Cuda(0), qs, vector, placement, None);
+            let cuda = run_crate(gpu, qs, vector, placement, None);
             assert_eq!(cuda, host, "CUDA ({placement:?}) and host results differ");
         }
     }
@@ -632,7 +632,8 @@ fn slots_follow_the_pack_order() {
 }
 
 /// More than 4 MiB (the host threads jobs above 512 KiB): the work is split over the helper
-/// threads, rows cut in the middle included.
+/// threads, rows cut in the middle included, with 2, 3, 5 and 16 threads whatever the
+/// machine's core count (the default budget is the core count: one on a one-core runner).
 #[test]
 fn large_exchange_uses_threads_and_stays_exact() {
     let mut rng = Rng::new(11);
@@ -643,8 +644,15 @@ fn large_exchange_uses_threads_and_stays_exact() {
         let unpack = if k == 1 { vec![0..20, 3..150, 0..150] } else { vec![0..20, 0..150, 1..148] };
         qs.push(Quantity::filled(&mut rng, &layout, vec![0..20, 0..150, 2..149], k, unpack));
     }
-    check_case(&qs, false);
-    check_case(&qs, true);
+    for vector in [false, true] {
+        check_case(&qs, vector);
+        let (packed, ref_x, ref_y) = reference(&qs, vector);
+        for threads in [2, 3, 5, 16] {
+            let got = run_crate(Device::Host, &qs, vector, DescriptorPlacement::DeviceMemory, Some(threads));
+            assert!(got.packed == bytemuck::cast_slice::<f64, u8>(&packed), "{threads} threads: pack buffer");
+            assert!(got.dst_x == ref_x && got.dst_y == ref_y, "{threads} threads: unpacked arrays");
+        }
+    }
 }
 
 /// The threaded split of turned exchanges (a half turn reverses every horizontal run, a
@@ -691,9 +699,7 @@ fn seed_baseline_packs_the_same_bytes() {
             .map(|q| HaloExchange::new(&q.layout_x.spec::<f64>(), &q.pack, q.k, &q.unpack).unwrap())
             .collect();
         let mut devices = vec![Device::Host];
-        if Device::cuda_count() > 0 {
-            devices.push(Device::Cuda(0));
-        }
+        devices.extend(common::cuda_device());
         for device in devices {
             let stream = Stream::new(device).unwrap();
             let mut seed = SeedBaseline::new(&stream, &ex).unwrap();
@@ -1114,10 +1120,6 @@ fn one_array_may_take_several_disjoint_unpack_regions() {
 
 // ---- asynchrony and drops --------------------------------------------------------------------
 
-fn block_stream(stream: &Stream, ms: u64) {
-    stream.host_fn(move || std::thread::sleep(Duration::from_millis(ms))).unwrap();
-}
-
 fn one_quantity(seed: u64, shape: [usize; 3]) -> Quantity<f64> {
     let mut rng = Rng::new(seed);
     let layout = Layout {
@@ -1143,11 +1145,13 @@ fn dropping_an_array_while_a_pack_is_queued_waits_for_it() {
     let stream = Stream::new(Device::Host).unwrap();
     let mut packer = HaloPacker::with_stream(&stream, &[exchange_of(&q)], None).unwrap();
     let a = DeviceBuffer::from_slice(&stream, &q.src_x).unwrap();
-    block_stream(&stream, 150);
+    let gate = Gate::hold(&stream);
     packer.pack(&[&a], None).unwrap();
     assert!(!packer.ready().unwrap(), "the pack cannot have run yet");
+    let opener = gate.open_after(Duration::from_millis(50));
     drop(a);
     assert!(packer.ready().unwrap(), "dropping the array waited for the pack");
+    opener.join().unwrap();
     assert_eq!(
         packer.pack_buffer().unwrap().to_vec(&stream).unwrap(),
         bytemuck::cast_slice::<f64, u8>(&packed)
@@ -1164,11 +1168,13 @@ fn dropping_the_packer_while_a_pack_is_queued_is_safe() {
     let mut packer = HaloPacker::with_stream(&stream, &[exchange_of(&q)], None).unwrap();
     let a = DeviceBuffer::from_slice(&stream, &q.src_x).unwrap();
     let buffer_at = packer.pack_buffer().unwrap().as_ptr();
-    block_stream(&stream, 150);
+    let gate = Gate::hold(&stream);
     packer.pack(&[&a], None).unwrap();
-    let t0 = std::time::Instant::now();
     drop(packer);
-    assert!(t0.elapsed() < Duration::from_millis(100), "dropping the packer must not wait");
+    // Had the drop waited for the pack, it would have waited for the gate (which opens by
+    // itself after 10 s) and the gate would show passed.
+    assert!(!gate.passed(), "dropping the packer waited for its queued pack");
+    gate.open();
     drop(a); // waits for the pack
     let again = HaloPacker::with_stream(&stream, &[exchange_of(&q)], None).unwrap();
     let (p, u) = (again.pack_buffer().unwrap(), again.unpack_buffer().unwrap());
@@ -1187,8 +1193,9 @@ fn buffer_accessors_wait_for_a_pooled_buffers_earlier_owner() {
     let mut earlier = HaloPacker::with_stream(&first, &[exchange_of(&q)], None).unwrap();
     let a = DeviceBuffer::from_slice(&first, &q.src_x).unwrap();
     let buffer_at = earlier.pack_buffer().unwrap().as_ptr();
-    block_stream(&first, 150);
+    let gate = Gate::hold(&first);
     earlier.pack(&[&a], None).unwrap();
+    let opener = gate.open_after(Duration::from_millis(50));
     drop(earlier); // its buffers go back to the pool with the pack still queued on `first`
     let mut later = HaloPacker::with_stream(&second, &[exchange_of(&q)], None).unwrap();
     let unpack_at = later.unpack_buffer_mut().unwrap().as_ptr();
@@ -1203,6 +1210,7 @@ fn buffer_accessors_wait_for_a_pooled_buffers_earlier_owner() {
         "the accessor returned before the earlier pack"
     );
     drop(a);
+    opener.join().unwrap();
 }
 
 /// The unpack buffer is handed out as `&mut DeviceBuffer`: one put in its place that does not
@@ -1238,7 +1246,8 @@ fn dropping_while_an_unpack_is_queued_is_safe() {
     let mut packer = HaloPacker::with_stream(&stream, &[exchange_of(&q)], None).unwrap();
     let src = DeviceBuffer::from_slice(&stream, &q.src_x).unwrap();
     let dst = DeviceBuffer::from_slice(&stream, &q.dst_x).unwrap();
-    block_stream(&stream, 100);
+    let gate = Gate::hold(&stream);
+    let opener = gate.open_after(Duration::from_millis(50));
     packer.pack(&[&src], None).unwrap();
     packer.copy_pack_to_unpack().unwrap();
     packer.unpack(&[&dst], None).unwrap();
@@ -1248,6 +1257,7 @@ fn dropping_while_an_unpack_is_queued_is_safe() {
     assert_eq!(dst.to_vec(&other).unwrap(), ref_x[0]);
     drop(dst);
     stream.synchronize().unwrap();
+    opener.join().unwrap();
 }
 
 /// An exchange of one 20 x 150 x 151 array (padded) moving 20 x 30 x 147 f64 (706 KB, over

@@ -248,6 +248,11 @@ fn a_size_limit_is_kept(device: Device) {
             Err(e) => {
                 // A driver without managed pools refuses a limit rather than drop it.
                 assert!(matches!(e, Error::Unsupported { .. }), "{e:?}");
+                let caps = pool(device).capabilities();
+                assert!(
+                    !caps.memory_pools_supported,
+                    "a limited pool refused on a device with memory pools: {e}"
+                );
                 continue;
             }
         };
@@ -294,7 +299,7 @@ fn the_same_bytes_to_two_locations_are_refused(device: Device) {
     let here = Location::of(device);
     let elsewhere = if device.is_host() { Location::HostNumaCurrent } else { Location::Host };
     if !pool.capabilities().concurrent_managed_access && !device.is_host() {
-        println!("SKIP: {device} lacks concurrentManagedAccess");
+        common::skip_missing(&format!("{device} lacks concurrentManagedAccess"));
         return;
     }
     let both = prefetch_each(&[(a.range(), here), (a.subrange(1000..1024).unwrap(), elsewhere)], &stream);
@@ -314,7 +319,7 @@ fn the_same_bytes_to_two_locations_are_refused(device: Device) {
 fn discard_keeps_the_bytes_around_the_range(device: Device) {
     let pool = pool(device);
     if !device.is_host() && !pool.capabilities().concurrent_managed_access {
-        println!("SKIP: discard needs concurrentManagedAccess");
+        common::skip_missing(&format!("discard needs concurrentManagedAccess, which {device} lacks"));
         return;
     }
     let stream = Stream::new(device).unwrap();
@@ -356,7 +361,7 @@ fn discard_keeps_the_bytes_around_the_range(device: Device) {
 fn discard_and_prefetch_then_write(device: Device) {
     let pool = pool(device);
     if !device.is_host() && !pool.capabilities().concurrent_managed_access {
-        println!("SKIP: discard needs concurrentManagedAccess");
+        common::skip_missing(&format!("discard needs concurrentManagedAccess, which {device} lacks"));
         return;
     }
     let stream = Stream::new(device).unwrap();
@@ -437,8 +442,12 @@ fn cuda_pool_uses_managed_pools_when_supported() {
     let pool = pool(device);
     let caps = pool.capabilities();
     let expected = if caps.memory_pools_supported { PoolKind::ManagedPool } else { PoolKind::MallocManaged };
-    // A driver may still refuse managed pools; then the fallback is the only right answer.
+    // A driver may still refuse managed pools; then the fallback is the only right answer, but
+    // not on the GPU machine, whose driver takes them (a fallback there is a lost path).
     assert!(pool.kind() == expected || pool.kind() == PoolKind::MallocManaged, "{:?} {caps:?}", pool.kind());
+    if common::gpu_required() {
+        assert_eq!(pool.kind(), expected, "{caps:?}");
+    }
     println!("managed pool kind on {device}: {:?}, {caps:?}", pool.kind());
 }
 
@@ -515,4 +524,17 @@ fn cuda_pool_buffer_last_used_on_a_host_stream_is_freed() {
     stream.synchronize().unwrap();
     assert_eq!(pool.stats().unwrap().used_current, 0);
     assert!(cuferry::take_drop_error().is_none(), "the drop failed");
+}
+
+/// The tests' expected values come from `pattern_value`, which the host backend's fill also
+/// uses: pin it to the formula written out here, so a change to it (one ignoring the index,
+/// say) cannot hide shifted or aliased copies by changing both sides.
+#[test]
+fn the_pattern_is_the_written_formula() {
+    for (seed, i) in [(0u32, 0usize), (1, 0), (1, 1), (7, 999), (u32::MAX, 123_456), (77, 299)] {
+        let written = seed.wrapping_mul(2_654_435_761).wrapping_add(i as u32);
+        assert_eq!(pattern_value(seed, i), written, "seed {seed}, element {i}");
+    }
+    assert_ne!(pattern_value(3, 1), pattern_value(3, 2), "elements differ");
+    assert_ne!(pattern_value(3, 1), pattern_value(4, 1), "seeds differ");
 }

@@ -11,13 +11,13 @@ fn run(script: &str, device: i32, passed: &str) {
     let lib = common::cdylib_dir().join("libcuferry.so");
     let script = common::c_sources().join("tests/python").join(script);
     if !lib.exists() || !script.exists() {
-        println!("SKIP: {} or {} missing", lib.display(), script.display());
+        common::skip_missing(&format!("{} or {} is missing", lib.display(), script.display()));
         return;
     }
     let out = match Command::new("python3").arg(&script).arg(&lib).arg(device.to_string()).output() {
         Ok(o) => o,
         Err(e) => {
-            println!("SKIP: no python3 ({e})");
+            common::skip_missing(&format!("no python3 ({e})"));
             return;
         }
     };

@@ -364,7 +364,7 @@ fn upload_timing_excludes_the_wait_for_the_consumer(device: Device) {
     check_slot(&slot, &stream, 0);
     slot.buffer().unwrap().synchronize().unwrap();
     let ms = slot.timing().unwrap().device_ms.expect("the upload finished and is timed");
-    assert!(ms < 100.0, "the upload's device time ({ms} ms) includes the consumer's 200 ms");
+    assert!(ms < 150.0, "the upload's device time ({ms} ms) includes the consumer's 200 ms");
 }
 
 /// `try_acquire` and `acquire_timeout` stay bounded when the free host slot's last upload is
@@ -412,7 +412,8 @@ fn close_reaches_producers_waiting_for_an_upload(device: Device) {
     let (ring, consumer, gate) = ring_waiting_for_an_upload(device);
     let polling = Arc::clone(&ring);
     let polling = std::thread::spawn(move || polling.acquire_timeout(Duration::from_secs(60)).map(drop));
-    std::thread::sleep(Duration::from_millis(50)); // it holds the slots and polls the upload
+    // Once it holds the slots, it polls the upload.
+    assert!(common::wait_until(|| ring.stats().occupancy == 1), "the producer did not take the slot");
     ring.close();
     let closed_at = std::time::Instant::now();
     let polled = polling.join().unwrap();
@@ -426,8 +427,8 @@ fn close_reaches_producers_waiting_for_an_upload(device: Device) {
     let (ring, consumer, gate) = ring_waiting_for_an_upload(device);
     let blocked = Arc::clone(&ring);
     let blocked = std::thread::spawn(move || blocked.acquire().map(drop));
-    std::thread::sleep(Duration::from_millis(50)); // it holds the slots and waits for the upload
-    assert_eq!(ring.stats().occupancy, 1, "the producer did not take the slot");
+    // Once it holds the slots, it waits for the upload.
+    assert!(common::wait_until(|| ring.stats().occupancy == 1), "the producer did not take the slot");
     ring.close();
     gate.open();
     let blocked = blocked.join().unwrap();
@@ -528,7 +529,7 @@ fn one_blocked_acquire_counts_one_wait(device: Device) {
     std::thread::scope(|scope| {
         scope.spawn(|| {
             // Items 0 and 1 fill the ring; item 2 waits for this consumer, once.
-            std::thread::sleep(Duration::from_millis(200));
+            assert!(common::wait_until(|| ring.stats().producer_waits == 1), "{:?}", ring.stats());
             let stream = Stream::new(device).unwrap();
             for _ in 0..3 {
                 drop(ring.next(&stream).unwrap());

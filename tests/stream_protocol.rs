@@ -147,9 +147,12 @@ fn drop_while_pending(device: Device) {
     let stream = Stream::new(device).unwrap();
     let ran = Arc::new(AtomicUsize::new(0));
     let r = Arc::clone(&ran);
+    let (open, gate) = std::sync::mpsc::channel::<()>();
     stream
         .host_fn(move || {
-            sleep_ms(60);
+            // Held until the test opens it (10 s at most, so a blocking drop fails the test
+            // below instead of hanging it).
+            let _ = gate.recv_timeout(Duration::from_secs(10));
             r.fetch_add(1, Ordering::SeqCst);
         })
         .unwrap();
@@ -158,6 +161,8 @@ fn drop_while_pending(device: Device) {
     let mut dev = DeviceBuffer::<u16>::zeroed(&stream, data.len()).unwrap();
     copy(&stream, &src, &mut dev).unwrap();
     drop(stream); // work stays queued
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "dropping the stream waited for its work");
+    open.send(()).unwrap();
     drop(src); // blocks until the copy has read it
     assert_eq!(ran.load(Ordering::SeqCst), 1, "the source was freed before its copy ran");
     let other = Stream::new(device).unwrap();

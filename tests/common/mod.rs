@@ -42,11 +42,26 @@ pub fn cuda_device() -> Option<Device> {
     if Device::cuda_count() > 0 {
         return Some(Device::Cuda(0));
     }
-    if std::env::var("CUFERRY_REQUIRE_GPU").as_deref() == Ok("1") {
+    if gpu_required() {
         panic!("CUFERRY_REQUIRE_GPU=1 but no CUDA device is usable: {:?}", Device::try_cuda_count());
     }
     println!("SKIP: no CUDA device");
     None
+}
+
+/// Whether the run requires a GPU (`CUFERRY_REQUIRE_GPU=1`: the GPU bundle on the GPU machine).
+pub fn gpu_required() -> bool {
+    std::env::var("CUFERRY_REQUIRE_GPU").as_deref() == Ok("1")
+}
+
+/// A test cannot run because `what` is missing (a device capability, a tool): prints SKIP, or
+/// panics under `CUFERRY_REQUIRE_GPU=1`, where the GPU machine (an H100 with the bundle's
+/// tools) has everything the tests need, so a skip there would hide lost coverage.
+pub fn skip_missing(what: &str) {
+    if gpu_required() {
+        panic!("CUFERRY_REQUIRE_GPU=1 but {what}");
+    }
+    println!("SKIP: {what}");
 }
 
 /// Two distinct CUDA devices, or `None` after printing SKIP (never fails: one-GPU machines are
@@ -160,8 +175,31 @@ impl Gate {
         let _ = self.open.send(());
     }
 
+    /// Lets the stream through from another thread after `delay`, for a test that blocks on
+    /// the held work meanwhile (a drop or an accessor that must wait for it); join the handle.
+    pub fn open_after(&self, delay: std::time::Duration) -> std::thread::JoinHandle<()> {
+        let open = self.open.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(delay);
+            let _ = open.send(());
+        })
+    }
+
     /// Whether the gate's job has run (the stream went past it).
     pub fn passed(&self) -> bool {
         self.passed.load(std::sync::atomic::Ordering::SeqCst)
     }
+}
+
+/// Polls `done` every millisecond for up to 10 s; false if it never held (for a test to
+/// wait for another thread to reach a state it can observe, instead of sleeping).
+pub fn wait_until(mut done: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !done() {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    true
 }
