@@ -7,7 +7,8 @@
 //!   project's PyPI toolkit (`$CUFERRY_TOOLKIT_DIR`, default `<crate>/.toolkit`, filled by
 //!   scripts/install-cuda-toolkit.sh), then `nvcc` on `PATH`. The GPU is never probed.
 //! - Architectures come from `CUFERRY_CUDA_ARCH` (comma-separated compute capabilities such as
-//!   `90` or `90,100`; default `90`): SASS for each plus PTX for the last.
+//!   `90` or `90,100`; default `90`; 80 or newer, as the kernels use `cp.async`): SASS for
+//!   each plus PTX for the last.
 //! - Without nvcc the build prints a cargo warning; with `CUFERRY_REQUIRE_CUDA=1` it fails.
 //! - Only OUT_DIR is written. Every file in csrc/ and every variable read is a rerun trigger.
 //! - The cfg `cuferry_cuda` is set when the CUDA library was compiled.
@@ -112,6 +113,13 @@ fn gencode_flags() -> Vec<String> {
         fail(&format!(
             "CUFERRY_CUDA_ARCH={spec:?} is not a comma-separated list of compute capabilities \
              such as \"90\" or \"90,100\""
+        ));
+    }
+    // The halo kernel stages rows with cp.async, which needs compute capability 8.0 (Ampere).
+    if let Some(old) = archs.iter().find(|a| a.parse::<u32>().is_ok_and(|n| n < 80)) {
+        fail(&format!(
+            "CUFERRY_CUDA_ARCH={spec:?} names compute capability {old}; cuferry's kernels need 80 \
+             or newer (Ampere, Hopper, Blackwell: cp.async)"
         ));
     }
     let mut flags: Vec<String> =

@@ -272,7 +272,9 @@ cuferry_status cuferry_cuda_pointer_is_managed(const void *ptr, int32_t *managed
 cuferry_status cuferry_cuda_mem_prefetch_async(const void *ptr, size_t bytes, cuferry_location location,
                                                cuferry_stream stream);
 /** cudaMemPrefetchBatchAsync: `count` ranges; `locations[k]` applies from range
- *  `location_starts[k]` (the first is 0, strictly increasing) to the next start. */
+ *  `location_starts[k]` (the first is 0, strictly increasing) to the next start. At most 64
+ *  locations (cudaErrorInvalidValue past that); an empty batch (`count` and `n_locations` 0)
+ *  queues nothing. */
 cuferry_status cuferry_cuda_mem_prefetch_batch_async(void **ptrs, size_t *sizes, size_t count,
                                                      cuferry_location *locations,
                                                      size_t *location_starts, size_t n_locations,
@@ -319,7 +321,7 @@ typedef struct cuferry_linop_map {
   int32_t accumulate;
 } cuferry_linop_map;
 
-/** A contraction over loop dims: out[i.out_strides] += sum over the dims whose out stride is 0
+/** A contraction over loop dims: out[i.out_strides] = sum over the dims whose out stride is 0
  *  of w'[w_offset + i.w_strides] * x[x_offset + i.x_strides] (w' = conj(w) when `conj`). The
  *  output (row-major over the dims with a non-zero out stride) is written, not accumulated. */
 typedef struct cuferry_linop_contraction {

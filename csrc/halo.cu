@@ -42,6 +42,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <new>
 #include <vector>
 
 #include "common.cuh"
@@ -667,7 +668,8 @@ cuferry_status launch_grid(const cuferry_halo_desc *table, int32_t n_desc, int64
   if (n_desc == 0) {
     return static_cast<cuferry_status>(cudaErrorInvalidValue);
   }
-  // No block gets fewer units than it has threads, unless there are fewer in all.
+  // About one unit per thread per block (blocks split the units evenly, so a block may get a
+  // few units fewer than it has threads), at most `max_blocks` blocks.
   const long long rows = (total_units + kThreads - 1) / kThreads;
   const long long blocks = rows < max_blocks ? rows : max_blocks;
   const long long per_block = (total_units + blocks - 1) / blocks;
@@ -811,6 +813,9 @@ cuferry_status cuferry_cuda_halo_emulate(const cuferry_halo_desc *table, int32_t
   }
   unsigned char *const bytes = static_cast<unsigned char *>(packed);
   bool rule_held = false;
+  // The race check's records grow with the grid: an allocation failure must not unwind
+  // across the C boundary.
+  try {
   switch (in_flight) {
     case 1:
       rule_held = emulate_with<1>(table, n_desc, total_units, chunk, bytes, direction, grid);
@@ -824,6 +829,9 @@ cuferry_status cuferry_cuda_halo_emulate(const cuferry_halo_desc *table, int32_t
     default:
       rule_held = emulate_with<2>(table, n_desc, total_units, chunk, bytes, direction, grid);
       break;
+  }
+  } catch (const std::bad_alloc &) {
+    return static_cast<cuferry_status>(cudaErrorMemoryAllocation);
   }
   return rule_held ? CUFERRY_STATUS_SUCCESS : CUFERRY_STATUS_STAGE_RACE;
 }

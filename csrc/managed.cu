@@ -125,8 +125,12 @@ static cuferry_status cf_prefetch_batch(cf_batch_prefetch_fn fn, void **ptrs, si
   CF_REQUIRE(sizes);
   CF_REQUIRE(locations);
   CF_REQUIRE(location_starts);
+  if (count == 0 && n_locations == 0) {
+    return CUFERRY_STATUS_SUCCESS;  // an empty batch, as an empty discard batch
+  }
   if (n_locations == 0 || n_locations > CF_MAX_BATCH_LOCATIONS || n_locations > count) {
-    return CUFERRY_STATUS_BAD_ENUM;
+    // Not an enum: the group count is out of range (at most CF_MAX_BATCH_LOCATIONS).
+    return static_cast<cuferry_status>(cudaErrorInvalidValue);
   }
   cudaMemLocation locs[CF_MAX_BATCH_LOCATIONS];
   for (size_t i = 0; i < n_locations; ++i) {
@@ -215,12 +219,14 @@ cuferry_status cuferry_cuda_fill_pattern_u32(uint32_t *data, size_t n, uint32_t 
 cuferry_status cuferry_cuda_sum_u32(const uint32_t *data, size_t n, unsigned long long *sum,
                                     cuferry_stream stream) {
   CF_REQUIRE(sum);
+  if (n > 0) {
+    CF_REQUIRE(data);  // before anything is queued: a refused call leaves *sum untouched
+  }
   CF_TRY(cf_use_stream_device(cf_stream(stream)));
   CF_TRY(cudaMemsetAsync(sum, 0, sizeof(*sum), cf_stream(stream)));
   if (n == 0) {
     return CUFERRY_STATUS_SUCCESS;
   }
-  CF_REQUIRE(data);
   cf_sum_u32<<<cf_blocks(n), 256, 0, cf_stream(stream)>>>(data, n, sum);
   return cf_check(cudaGetLastError());
 }

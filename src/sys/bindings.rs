@@ -443,7 +443,7 @@ unsafe extern "C" {
     ) -> cuferry_status;
 }
 unsafe extern "C" {
-    #[doc = " cudaMemPrefetchBatchAsync: `count` ranges; `locations[k]` applies from range\n  `location_starts[k]` (the first is 0, strictly increasing) to the next start."]
+    #[doc = " cudaMemPrefetchBatchAsync: `count` ranges; `locations[k]` applies from range\n  `location_starts[k]` (the first is 0, strictly increasing) to the next start. At most 64\n  locations (cudaErrorInvalidValue past that); an empty batch (`count` and `n_locations` 0)\n  queues nothing."]
     pub fn cuferry_cuda_mem_prefetch_batch_async(
         ptrs: *mut *mut ::std::os::raw::c_void,
         sizes: *mut usize,
@@ -531,7 +531,7 @@ const _: () = {
     ["Offset of field: cuferry_linop_map::accumulate"]
         [::std::mem::offset_of!(cuferry_linop_map, accumulate) - 212usize];
 };
-#[doc = " A contraction over loop dims: out[i.out_strides] += sum over the dims whose out stride is 0\n  of w'[w_offset + i.w_strides] * x[x_offset + i.x_strides] (w' = conj(w) when `conj`). The\n  output (row-major over the dims with a non-zero out stride) is written, not accumulated."]
+#[doc = " A contraction over loop dims: out[i.out_strides] = sum over the dims whose out stride is 0\n  of w'[w_offset + i.w_strides] * x[x_offset + i.x_strides] (w' = conj(w) when `conj`). The\n  output (row-major over the dims with a non-zero out stride) is written, not accumulated."]
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct cuferry_linop_contraction {
