@@ -631,6 +631,20 @@ fn slots_follow_the_pack_order() {
     check_case(&qs, true);
 }
 
+/// `check_case` for scalars and vectors, then the host path with its work split over 2, 3, 5
+/// and 16 threads (whatever the machine's core count) against the reference.
+fn check_over_thread_counts(qs: &[Quantity<f64>]) {
+    for vector in [false, true] {
+        check_case(qs, vector);
+        let (packed, ref_x, ref_y) = reference(qs, vector);
+        for threads in [2, 3, 5, 16] {
+            let got = run_crate(Device::Host, qs, vector, DescriptorPlacement::DeviceMemory, Some(threads));
+            assert!(got.packed == bytemuck::cast_slice::<f64, u8>(&packed), "{threads} threads: pack buffer");
+            assert!(got.dst_x == ref_x && got.dst_y == ref_y, "{threads} threads: unpacked arrays");
+        }
+    }
+}
+
 /// More than 4 MiB (the host threads jobs above 512 KiB): the work is split over the helper
 /// threads, rows cut in the middle included, with 2, 3, 5 and 16 threads whatever the
 /// machine's core count (the default budget is the core count: one on a one-core runner).
@@ -644,15 +658,7 @@ fn large_exchange_uses_threads_and_stays_exact() {
         let unpack = if k == 1 { vec![0..20, 3..150, 0..150] } else { vec![0..20, 0..150, 1..148] };
         qs.push(Quantity::filled(&mut rng, &layout, vec![0..20, 0..150, 2..149], k, unpack));
     }
-    for vector in [false, true] {
-        check_case(&qs, vector);
-        let (packed, ref_x, ref_y) = reference(&qs, vector);
-        for threads in [2, 3, 5, 16] {
-            let got = run_crate(Device::Host, &qs, vector, DescriptorPlacement::DeviceMemory, Some(threads));
-            assert!(got.packed == bytemuck::cast_slice::<f64, u8>(&packed), "{threads} threads: pack buffer");
-            assert!(got.dst_x == ref_x && got.dst_y == ref_y, "{threads} threads: unpacked arrays");
-        }
-    }
+    check_over_thread_counts(&qs);
 }
 
 /// The threaded split of turned exchanges (a half turn reverses every horizontal run, a
@@ -674,15 +680,7 @@ fn large_exchanges_turned_by_two_and_three_use_threads_and_stay_exact() {
         .into_iter()
         .map(|(k, pack, unpack)| Quantity::filled(&mut rng, &layout, pack, k, unpack))
         .collect();
-    for vector in [false, true] {
-        check_case(&qs, vector);
-        let (packed, ref_x, ref_y) = reference(&qs, vector);
-        for threads in [2, 3, 5, 16] {
-            let got = run_crate(Device::Host, &qs, vector, DescriptorPlacement::DeviceMemory, Some(threads));
-            assert!(got.packed == bytemuck::cast_slice::<f64, u8>(&packed), "{threads} threads: pack buffer");
-            assert!(got.dst_x == ref_x && got.dst_y == ref_y, "{threads} threads: unpacked arrays");
-        }
-    }
+    check_over_thread_counts(&qs);
 }
 
 // ---- the seed baseline -----------------------------------------------------------------------
