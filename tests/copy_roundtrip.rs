@@ -127,12 +127,51 @@ fn bad_arguments(device: Device) {
     assert!(matches!(PinnedBuffer::from_slice(device, &[(); 3]), Err(Error::InvalidArgument { .. })));
 }
 
+/// The offset slice helpers write and read exactly the named range, against a scalar loop, and
+/// refuse ranges past either end without touching the buffer.
+#[allow(clippy::manual_memcpy)] // the reference is an element-by-element loop on purpose
+fn slice_offsets(device: Device) {
+    let stream = Stream::new(device).unwrap();
+    let mut rng = Rng::new(23);
+    let n = 3001;
+    let init: Vec<u32> = (0..n).map(|_| rng.next_u64() as u32).collect();
+    let mut buf = DeviceBuffer::from_slice(&stream, &init).unwrap();
+    let mut expected = init.clone();
+    for _ in 0..12 {
+        let len = rng.below(n + 1);
+        let offset = rng.below(n - len + 1);
+        let data: Vec<u32> = (0..len).map(|_| rng.next_u64() as u32).collect();
+        buf.copy_from_slice_at(&stream, offset, &data).unwrap();
+        for i in 0..len {
+            expected[offset + i] = data[i];
+        }
+        let mut out = vec![0u32; rng.below(n - offset + 1)];
+        buf.copy_to_slice_at(&stream, offset, &mut out).unwrap();
+        for (i, value) in out.iter().enumerate() {
+            assert_eq!(*value, expected[offset + i], "read at {offset} + {i}");
+        }
+    }
+    assert_eq!(buf.to_vec(&stream).unwrap(), expected);
+    for (offset, len) in [(n, 1), (n - 1, 2), (1, n), (usize::MAX, 1)] {
+        let data = vec![7u32; len];
+        assert!(matches!(buf.copy_from_slice_at(&stream, offset, &data), Err(Error::InvalidArgument { .. })));
+        let mut out = vec![0u32; len];
+        assert!(matches!(buf.copy_to_slice_at(&stream, offset, &mut out), Err(Error::InvalidArgument { .. })));
+        assert!(out.iter().all(|&v| v == 0), "a refused read wrote into the output");
+    }
+    assert_eq!(buf.to_vec(&stream).unwrap(), expected, "a refused write changed the buffer");
+    // An empty slice at the very end is a valid (empty) range.
+    buf.copy_from_slice_at(&stream, n, &[]).unwrap();
+    buf.copy_to_slice_at(&stream, n, &mut []).unwrap();
+}
+
 on_both_backends! {
     round_trips_for_listed_sizes => round_trips_for_listed_sizes;
     round_trip_typed => round_trip_typed;
     registered_memory => registered_memory;
     ranges => ranges;
     bad_arguments => bad_arguments;
+    slice_offsets => slice_offsets;
 }
 
 proptest! {
