@@ -66,7 +66,7 @@ mod cpu;
 mod gpu;
 mod packer;
 mod plan;
-mod pool;
+pub(crate) mod pool;
 #[cfg(test)]
 mod reference;
 mod spec;

@@ -136,3 +136,56 @@ pub fn clear_buffer_pool() -> usize {
     let drained: Vec<DeviceBuffer<u8>> = lock().drain().flat_map(|(_, list)| list).collect();
     drained.len()
 }
+
+/// Frees the pooled buffers of one key (for tests that must not clear other tests' keys).
+#[cfg(test)]
+pub(crate) fn clear_key(device: Device, bytes: usize) -> usize {
+    let drained = lock().remove(&(device, bytes)).unwrap_or_default();
+    drained.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Buffers pooled under `key` now.
+    fn pooled_under(key: Key) -> usize {
+        lock().get(&key).map_or(0, Vec::len)
+    }
+
+    /// The pool keeps at most `MAX_PER_KEY` buffers of one key, frees the rest, and lends a
+    /// kept buffer again; sizes of their own (no other test uses them) keep parallel tests apart.
+    #[test]
+    fn keeps_at_most_the_cap_per_key_and_reuses_kept_buffers() {
+        let stream = Stream::new(Device::Host).unwrap();
+        let bytes = 40_961;
+        let key = (Device::Host, bytes);
+        let loans: Vec<PooledBuffer> =
+            (0..MAX_PER_KEY + 3).map(|_| PooledBuffer::take(&stream, bytes).unwrap()).collect();
+        let pointers: Vec<*const u8> = loans.iter().map(|l| l.get().unwrap().as_ptr()).collect();
+        assert_eq!(pooled_under(key), 0);
+        drop(loans);
+        assert_eq!(pooled_under(key), MAX_PER_KEY, "the pool kept more (or fewer) than its cap");
+        let again = PooledBuffer::take(&stream, bytes).unwrap();
+        assert!(pointers.contains(&again.get().unwrap().as_ptr()), "a new buffer instead of a pooled one");
+        assert_eq!(pooled_under(key), MAX_PER_KEY - 1);
+        drop(again);
+        assert_eq!(clear_key(Device::Host, bytes), MAX_PER_KEY);
+    }
+
+    /// Empty loans are never pooled; a replaced buffer fails `get` and goes back under its own
+    /// device and size, not the loan's.
+    #[test]
+    fn empty_and_replaced_buffers() {
+        let stream = Stream::new(Device::Host).unwrap();
+        drop(PooledBuffer::take(&stream, 0).unwrap());
+        assert_eq!(pooled_under((Device::Host, 0)), 0);
+        let (bytes, other) = (40_963, 40_967);
+        let mut loan = PooledBuffer::take(&stream, bytes).unwrap();
+        *loan.get_mut().unwrap() = DeviceBuffer::zeroed(&stream, other).unwrap();
+        assert!(matches!(loan.get(), Err(Error::InvalidArgument { .. })));
+        drop(loan);
+        assert_eq!(pooled_under((Device::Host, bytes)), 0);
+        assert_eq!(clear_key(Device::Host, other), 1);
+    }
+}
