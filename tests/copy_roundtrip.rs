@@ -156,7 +156,10 @@ fn slice_offsets(device: Device) {
         let data = vec![7u32; len];
         assert!(matches!(buf.copy_from_slice_at(&stream, offset, &data), Err(Error::InvalidArgument { .. })));
         let mut out = vec![0u32; len];
-        assert!(matches!(buf.copy_to_slice_at(&stream, offset, &mut out), Err(Error::InvalidArgument { .. })));
+        assert!(matches!(
+            buf.copy_to_slice_at(&stream, offset, &mut out),
+            Err(Error::InvalidArgument { .. })
+        ));
         assert!(out.iter().all(|&v| v == 0), "a refused read wrote into the output");
     }
     assert_eq!(buf.to_vec(&stream).unwrap(), expected, "a refused write changed the buffer");

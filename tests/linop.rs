@@ -110,6 +110,109 @@ fn dense_batched_weight_on_strided_input() {
     assert_close(&got, &want, 1e-12);
 }
 
+/// Names of the any-order test: `b` is a batch dim (input and output), `i` and `j` are
+/// contracted (input only), `o` and `p` are produced (output only).
+const EINSUM_NAMES: [&str; 5] = ["b", "i", "j", "o", "p"];
+
+/// `names` in a random order (Fisher-Yates).
+fn shuffled<'a>(rng: &mut Rng, names: &[&'a str]) -> Vec<&'a str> {
+    let mut v = names.to_vec();
+    for k in (1..v.len()).rev() {
+        v.swap(k, rng.below(k + 1));
+    }
+    v
+}
+
+/// The row-major flat index of `order` (dim names) under the full assignment `at` (one index
+/// per name of `EINSUM_NAMES`), with `size` giving each name's extent.
+fn flat_index(order: &[&str], at: &[usize; 5], size: &[usize; 5]) -> usize {
+    order.iter().fold(0, |acc, name| {
+        let k = EINSUM_NAMES.iter().position(|n| n == name).unwrap();
+        acc * size[k] + at[k]
+    })
+}
+
+/// Every assignment of the five names, in any order (a plain odometer).
+fn every_assignment(size: &[usize; 5]) -> Vec<[usize; 5]> {
+    let mut all = vec![];
+    let mut at = [0usize; 5];
+    'outer: loop {
+        all.push(at);
+        for k in (0..5).rev() {
+            at[k] += 1;
+            if at[k] < size[k] {
+                continue 'outer;
+            }
+            at[k] = 0;
+        }
+        break;
+    }
+    all
+}
+
+/// Dense weights whose dims come in any order (input dims first, batch dims in the middle,
+/// some dims absent) over inputs and outputs whose dims are also in any order: forward and
+/// adjoint against `y[odims] += W[wdims] * x[idims]` summed over every assignment of the
+/// names, on the host and, when present, on CUDA.
+fn dense_in_any_axis_order<T: Field>(seed: u64) {
+    let mut rng = Rng::new(seed);
+    let spec = host();
+    let size: [usize; 5] = std::array::from_fn(|_| 1 + rng.below(4));
+    let extent = |name: &str| size[EINSUM_NAMES.iter().position(|n| *n == name).unwrap()];
+    let named = |order: &[&str]| dims(&order.iter().map(|n| (*n, extent(n))).collect::<Vec<_>>());
+    let iorder = shuffled(&mut rng, &["b", "i", "j"]);
+    let oorder = shuffled(&mut rng, &["b", "o", "p"]);
+    let mut worder: Vec<&str> =
+        shuffled(&mut rng, &EINSUM_NAMES).into_iter().filter(|_| rng.below(4) > 0).collect();
+    if worder.is_empty() {
+        worder.push("i");
+    }
+    let wshape: Vec<usize> = worder.iter().map(|n| extent(n)).collect();
+    let (ishape, oshape): (Vec<usize>, Vec<usize>) =
+        (iorder.iter().map(|n| extent(n)).collect(), oorder.iter().map(|n| extent(n)).collect());
+    let w: Vec<T> = random_vec(&mut rng, wshape.iter().product());
+    let x: Vec<T> = random_vec(&mut rng, ishape.iter().product());
+    let y: Vec<T> = random_vec(&mut rng, oshape.iter().product());
+    let op: LinopRef<T> = Arc::new(
+        Dense::new(Array::from_slice(&spec, &wshape, &w).unwrap(), &worder, named(&iorder), named(&oorder))
+            .unwrap(),
+    );
+    let mut want_y = vec![T::zero(); y.len()];
+    let mut want_x = vec![T::zero(); x.len()];
+    for at in every_assignment(&size) {
+        let (wk, ik, ok) = (
+            flat_index(&worder, &at, &size),
+            flat_index(&iorder, &at, &size),
+            flat_index(&oorder, &at, &size),
+        );
+        want_y[ok] += w[wk] * x[ik];
+        want_x[ik] += w[wk].conj() * y[ok];
+    }
+    // Shown with a failure's output (the harness captures it otherwise).
+    eprintln!("seed {seed}: weight {worder:?}, input {iorder:?}, output {oorder:?}, sizes {size:?}");
+    let xa = Array::from_slice(&spec, &ishape, &x).unwrap();
+    let ya = Array::from_slice(&spec, &oshape, &y).unwrap();
+    assert_close(&op.apply(&xa).unwrap().to_vec().unwrap(), &want_y, 1e-5);
+    assert_close(&op.adjoint().apply(&ya).unwrap().to_vec().unwrap(), &want_x, 1e-5);
+    let Some(dev) = util::cuda_device() else { return };
+    let c = DeviceSpec::new(dev).unwrap();
+    let on_gpu = op.place_on(&c).unwrap();
+    let up = |a: &Array<T>, d: &Dims| ToDevice::new(spec.clone(), c.clone(), d.clone()).apply(a).unwrap();
+    let got = on_gpu.apply(&up(&xa, op.idims())).unwrap().to_vec().unwrap();
+    assert_close(&got, &want_y, 1e-5);
+    let got = on_gpu.adjoint().apply(&up(&ya, op.odims())).unwrap().to_vec().unwrap();
+    assert_close(&got, &want_x, 1e-5);
+}
+
+#[test]
+fn dense_weights_in_any_axis_order_match_named_loops() {
+    for seed in 0..40 {
+        dense_in_any_axis_order::<f64>(seed);
+        dense_in_any_axis_order::<C64>(100 + seed);
+    }
+    dense_in_any_axis_order::<f32>(200);
+}
+
 #[test]
 fn diagonal_broadcasts_over_other_dims() {
     let mut rng = Rng::new(5);
