@@ -1,10 +1,13 @@
 // common.cuh: helpers shared by the csrc/*.cu files (internal, not part of the C ABI).
 //
 // Rules: every CUDA call's result goes through cf_check(), which clears the thread's last
-// error on failure (rule 3 of cuferry_cuda.h); CF_TRY returns the first failure.
+// error on failure (rule 3 of cuferry_cuda.h); CF_TRY returns the first failure. Kernels are
+// launched with cf_launch, never <<<>>>: a launch reports its own status.
 #pragma once
 
 #include <cuda_runtime.h>
+
+#include <utility>
 
 #include "cuferry_cuda.h"
 
@@ -32,6 +35,24 @@ static inline cuferry_status cf_check(cudaError_t err) {
       return CUFERRY_STATUS_NULL_ARGUMENT;          \
     }                                               \
   } while (0)
+
+// Queues kernel<<<grid, block, 0, stream>>>(args...) through cudaLaunchKernelEx and returns
+// that launch's own status. A <<<>>> launch returns nothing, and reading its status with
+// cudaGetLastError would take (and clear) a failure another library left in the thread's last
+// error and report it as this launch's. The arguments convert to the kernel's parameter types
+// as in a call (the runtime's type-checked overload).
+template <typename... Params, typename... Args>
+static inline cuferry_status cf_launch(void (*kernel)(Params...), unsigned grid, unsigned block,
+                                       cudaStream_t stream, Args &&...args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(block);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  config.attrs = nullptr;
+  config.numAttrs = 0;
+  return cf_check(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
 
 static inline cudaStream_t cf_stream(cuferry_stream s) { return reinterpret_cast<cudaStream_t>(s); }
 static inline cudaEvent_t cf_event(cuferry_event e) { return reinterpret_cast<cudaEvent_t>(e); }

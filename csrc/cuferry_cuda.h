@@ -366,7 +366,8 @@ cuferry_status cuferry_cuda_linop_contract(int32_t dtype, const cuferry_linop_co
  *     descriptors in table order, without gaps, each with units > 0. The packed side is
  *     row-major and contiguous: unit l of a descriptor is at byte packed_offset + l * unit
  *     bytes (packed_stride says so too, and the kernel relies on it).
- *  4. Launch errors are reported (cudaGetLastError after the launch); faults inside the kernel
+ *  4. Launch errors are reported (the launch's own status, never an earlier error another
+ *     library left in the thread's last error); faults inside the kernel
  *     surface at the next synchronising call, as CUDA defines.
  */
 #ifndef CUFERRY_CUDA_HALO_H

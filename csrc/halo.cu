@@ -38,7 +38,7 @@
 //    (cuferry_cuda_halo_launch_inline: the same per-thread program over a __grid_constant__
 //    copy, which spares each block the dependent device-memory loads of the table's starts
 //    and fields before its first data load).
-//  - Every launch is followed by cudaGetLastError, returned as the status.
+//  - Every launch goes through cf_launch and returns its own status.
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -595,9 +595,9 @@ static_assert(sizeof(InlineTable<CUFERRY_HALO_INLINE_MAX_DESC>) + 64 <= 32764,
 
 // Queues halo_kernel_inline<CAP> over a copy of `table` (n_desc <= CAP) and, for grids of at
 // most kInlineMaxGrid blocks, each block's first descriptor: the caller's table is free once
-// this returns.
+// this returns. Returns the launch's status.
 template <int CAP>
-void launch_inline(const cuferry_halo_desc *table, int n_desc, long long total_units,
+cuferry_status launch_inline(const cuferry_halo_desc *table, int n_desc, long long total_units,
                    long long chunk, unsigned char *packed, int direction, unsigned grid,
                    cudaStream_t stream) {
   InlineTable<CAP> t{};
@@ -606,8 +606,8 @@ void launch_inline(const cuferry_halo_desc *table, int n_desc, long long total_u
   if (first_known) {
     block_first_segments(table, n_desc, chunk, grid, t.first);
   }
-  halo_kernel_inline<CAP><<<grid, kThreads, 0, stream>>>(t, n_desc, total_units, chunk, packed,
-                                                          direction, first_known);
+  return cf_launch(halo_kernel_inline<CAP>, grid, kThreads, stream, t, n_desc, total_units, chunk,
+                   packed, direction, first_known);
 }
 
 template <typename T>
@@ -762,10 +762,8 @@ cuferry_status cuferry_cuda_halo_launch(int32_t device, const cuferry_halo_desc 
   if (st != CUFERRY_STATUS_SUCCESS || grid == 0) {
     return st;
   }
-  halo_kernel<<<grid, kThreads, 0, cf_stream(stream)>>>(table, n_desc, total_units, chunk,
-                                                        static_cast<unsigned char *>(packed),
-                                                        direction);
-  return cf_check(cudaGetLastError());
+  return cf_launch(halo_kernel, grid, kThreads, cf_stream(stream), table, n_desc, total_units, chunk,
+                   static_cast<unsigned char *>(packed), direction);
 }
 
 cuferry_status cuferry_cuda_halo_launch_inline(int32_t device, const cuferry_halo_desc *table,
@@ -785,16 +783,16 @@ cuferry_status cuferry_cuda_halo_launch_inline(int32_t device, const cuferry_hal
   cudaStream_t s = cf_stream(stream);
   // The smallest capacity that holds the table: the launch copies every byte of it.
   if (n_desc <= kInlineSmall) {
-    launch_inline<kInlineSmall>(table, n_desc, total_units, chunk, bytes, direction, grid, s);
-  } else if (n_desc <= 16) {
-    launch_inline<16>(table, n_desc, total_units, chunk, bytes, direction, grid, s);
-  } else if (n_desc <= 32) {
-    launch_inline<32>(table, n_desc, total_units, chunk, bytes, direction, grid, s);
-  } else {
-    launch_inline<CUFERRY_HALO_INLINE_MAX_DESC>(table, n_desc, total_units, chunk, bytes,
-                                                direction, grid, s);
+    return launch_inline<kInlineSmall>(table, n_desc, total_units, chunk, bytes, direction, grid, s);
   }
-  return cf_check(cudaGetLastError());
+  if (n_desc <= 16) {
+    return launch_inline<16>(table, n_desc, total_units, chunk, bytes, direction, grid, s);
+  }
+  if (n_desc <= 32) {
+    return launch_inline<32>(table, n_desc, total_units, chunk, bytes, direction, grid, s);
+  }
+  return launch_inline<CUFERRY_HALO_INLINE_MAX_DESC>(table, n_desc, total_units, chunk, bytes,
+                                                     direction, grid, s);
 }
 
 #ifndef __CUDA_ARCH__  // host code only (emulate_with)
@@ -861,29 +859,24 @@ cuferry_status cuferry_cuda_halo_seed_pack_launch(int32_t device, const void *sr
   const bool neg = negate != 0;
   switch (elem_size) {
     case 8:
-      seed_gather_kernel<unsigned long long><<<grid, kThreads, 0, s>>>(
-          static_cast<const unsigned long long *>(src), indices, n,
-          static_cast<unsigned long long *>(dst), elem_kind, neg);
-      break;
+      return cf_launch(seed_gather_kernel<unsigned long long>, grid, kThreads, s,
+                       static_cast<const unsigned long long *>(src), indices, n,
+                       static_cast<unsigned long long *>(dst), elem_kind, neg);
     case 4:
-      seed_gather_kernel<unsigned><<<grid, kThreads, 0, s>>>(
-          static_cast<const unsigned *>(src), indices, n, static_cast<unsigned *>(dst), elem_kind,
-          neg);
-      break;
+      return cf_launch(seed_gather_kernel<unsigned>, grid, kThreads, s,
+                       static_cast<const unsigned *>(src), indices, n,
+                       static_cast<unsigned *>(dst), elem_kind, neg);
     case 2:
-      seed_gather_kernel<unsigned short><<<grid, kThreads, 0, s>>>(
-          static_cast<const unsigned short *>(src), indices, n,
-          static_cast<unsigned short *>(dst), elem_kind, neg);
-      break;
+      return cf_launch(seed_gather_kernel<unsigned short>, grid, kThreads, s,
+                       static_cast<const unsigned short *>(src), indices, n,
+                       static_cast<unsigned short *>(dst), elem_kind, neg);
     case 1:
-      seed_gather_kernel<unsigned char><<<grid, kThreads, 0, s>>>(
-          static_cast<const unsigned char *>(src), indices, n, static_cast<unsigned char *>(dst),
-          elem_kind, neg);
-      break;
+      return cf_launch(seed_gather_kernel<unsigned char>, grid, kThreads, s,
+                       static_cast<const unsigned char *>(src), indices, n,
+                       static_cast<unsigned char *>(dst), elem_kind, neg);
     default:
       return CUFERRY_STATUS_BAD_ENUM;
   }
-  return cf_check(cudaGetLastError());
 }
 
 }  // extern "C"

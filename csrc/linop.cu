@@ -110,14 +110,12 @@ cuferry_status launch_map(const cuferry_linop_map &m, const void *src, void *dst
   for (int k = 0; k < m.ndim; ++k) total *= m.shape[k];
   if (total == 0) return CUFERRY_STATUS_SUCCESS;
   const T alpha = Ops<T>::from(re, im);
+  const T *const from = static_cast<const T *>(src);
+  T *const to = static_cast<T *>(dst);
   if (re == 1.0 && im == 0.0) {
-    map_kernel<T, false><<<blocks_for(total), kThreads, 0, s>>>(m, static_cast<const T *>(src),
-                                                                static_cast<T *>(dst), total, alpha);
-  } else {
-    map_kernel<T, true><<<blocks_for(total), kThreads, 0, s>>>(m, static_cast<const T *>(src),
-                                                               static_cast<T *>(dst), total, alpha);
+    return cf_launch(map_kernel<T, false>, blocks_for(total), kThreads, s, m, from, to, total, alpha);
   }
-  return cf_check(cudaGetLastError());
+  return cf_launch(map_kernel<T, true>, blocks_for(total), kThreads, s, m, from, to, total, alpha);
 }
 
 template <typename T>
@@ -132,9 +130,8 @@ cuferry_status launch_contract(const cuferry_linop_contraction &c, const void *x
     }
   }
   if (outputs == 0) return CUFERRY_STATUS_SUCCESS;
-  contract_kernel<T><<<blocks_for(outputs), kThreads, 0, s>>>(
-      c, static_cast<const T *>(x), static_cast<const T *>(w), static_cast<T *>(out), outputs, reduced);
-  return cf_check(cudaGetLastError());
+  return cf_launch(contract_kernel<T>, blocks_for(outputs), kThreads, s, c, static_cast<const T *>(x),
+                   static_cast<const T *>(w), static_cast<T *>(out), outputs, reduced);
 }
 
 }  // namespace

@@ -212,8 +212,7 @@ cuferry_status cuferry_cuda_fill_pattern_u32(uint32_t *data, size_t n, uint32_t 
   }
   CF_REQUIRE(data);
   CF_TRY(cf_use_stream_device(cf_stream(stream)));
-  cf_fill_pattern_u32<<<cf_blocks(n), 256, 0, cf_stream(stream)>>>(data, n, seed);
-  return cf_check(cudaGetLastError());
+  return cf_launch(cf_fill_pattern_u32, cf_blocks(n), 256, cf_stream(stream), data, n, seed);
 }
 
 cuferry_status cuferry_cuda_sum_u32(const uint32_t *data, size_t n, unsigned long long *sum,
@@ -227,8 +226,7 @@ cuferry_status cuferry_cuda_sum_u32(const uint32_t *data, size_t n, unsigned lon
   if (n == 0) {
     return CUFERRY_STATUS_SUCCESS;
   }
-  cf_sum_u32<<<cf_blocks(n), 256, 0, cf_stream(stream)>>>(data, n, sum);
-  return cf_check(cudaGetLastError());
+  return cf_launch(cf_sum_u32, cf_blocks(n), 256, cf_stream(stream), data, n, sum);
 }
 
 }  // extern "C"

@@ -331,3 +331,30 @@ fn device_fault_child() {
         ran.load(Ordering::SeqCst)
     );
 }
+
+/// A failure another library left in the thread's last CUDA error is neither reported as the
+/// failure of a cuferry kernel launch nor cleared by it: launches return their own status
+/// (cudaLaunchKernelEx), where `<<<>>>` followed by cudaGetLastError took the foreign error.
+#[cfg(cuferry_cuda)]
+#[test]
+fn a_foreign_last_error_is_not_taken_for_a_launch_failure() {
+    use cuferry::kernels::{fill_pattern_u32, pattern_value, sum_u32};
+
+    extern "C" {
+        // The CUDA runtime linked into cuferry (cudart_static), called as another library would.
+        fn cudaSetDevice(device: i32) -> i32;
+    }
+    let Some(device) = common::cuda_device() else { return };
+    let stream = Stream::new(device).unwrap();
+    let mut buf = DeviceBuffer::<u32>::zeroed(&stream, 5000).unwrap();
+    // SAFETY: a runtime call with an invalid ordinal: it fails and sets this thread's last
+    // error (cudaErrorInvalidDevice), changing nothing else.
+    let foreign = unsafe { cudaSetDevice(-1) };
+    assert_ne!(foreign, 0, "cudaSetDevice(-1) succeeded");
+    fill_pattern_u32(&stream, &mut buf, 9).expect("the launch took the foreign error for its own");
+    let want: u64 = (0..5000).map(|i| u64::from(pattern_value(9, i))).sum();
+    assert_eq!(sum_u32(&stream, &buf).unwrap(), want);
+    // SAFETY: reads and clears this thread's last error; no arguments.
+    let left = unsafe { cuferry::sys::cuferry_cuda_take_last_error() };
+    assert_eq!(left, foreign, "the foreign error was cleared (or replaced) by cuferry's launches");
+}
