@@ -456,9 +456,15 @@ class Ring(_Handle):
         self._idle = threading.Condition()
 
     def _call(self, name, *args):
-        """Calls `name` on the live ring, counted so that `free()` waits for it."""
+        """Calls `name` on the live ring, counted so that `free()` waits for it. Once `free()`
+        has begun, calls raise `Closed` (or `ValueError` once freed) without reaching the C
+        ring: `free()` waited only for the calls counted before it began, and destroys the ring
+        outside the lock."""
         with self._idle:
             handle = self._live()
+            if self._closing:
+                status = self.lib.const.CUFERRY_STATUS_CLOSED
+                raise Closed(name, status, "CUFERRY_STATUS_CLOSED", "the ring is being freed")
             self._calls += 1
         try:
             return self.lib.call(name, handle, *args)

@@ -79,7 +79,8 @@ int main(int argc, char **argv) {
     OK(cuferry_stream_cuda_handle(stream, &raw));
     CHECK(raw != NULL);
   }
-  CHECK(cuferry_stream_cuda_handle(NULL, &raw) == CUFERRY_STATUS_INVALID_ARGUMENT && raw == NULL);
+  raw = (void *)&raw; /* a refused call leaves the out-parameter alone */
+  CHECK(cuferry_stream_cuda_handle(NULL, &raw) == CUFERRY_STATUS_INVALID_ARGUMENT && raw == (void *)&raw);
   CHECK(cuferry_stream_cuda_handle(stream, NULL) == CUFERRY_STATUS_INVALID_ARGUMENT);
 
   /* Without a usable CUDA device, CUDA requests fail with a typed status. */

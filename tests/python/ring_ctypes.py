@@ -10,7 +10,8 @@ stream; on CUDA as a consumer kernel would, with CuPy: a device copy of the item
 item's stream (`Stream.cuda_handle`), the item released at once, and the copies compared after
 the last item (the release must keep each slot's next upload behind its copy). Without CuPy
 the byte check is skipped, not the protocol. Then a ring freed
-while a consumer waits in `next`: the consumer gets Closed. Exits non-zero on failure.
+while a consumer waits in `next`: the consumer gets Closed; and a call made between free()'s
+wait and the destroy raises Closed without reaching the C ring. Exits non-zero on failure.
 """
 import ctypes
 import os
@@ -156,6 +157,40 @@ for _ in range(20):
         t.join(timeout=20)
     assert not any(t.is_alive() for t in freers + [consumer]), "a free or the consumer hung"
     assert outcome == ["closed"] and waiting.handle is None, outcome
+# A call that starts after free() has waited for the calls in progress, just before it
+# destroys the ring, must not reach the C ring (it would run on a freed object): it raises
+# Closed. The library's `call` is wrapped to make that call at exactly that moment.
+late = lib.ring(device, DEPTH, SLOT)
+reached, late_outcome = [], []
+real_call = lib.call
+
+
+def late_stats():
+    try:
+        late.stats()
+        late_outcome.append("returned")
+    except cuferry.Closed:
+        late_outcome.append("closed")
+
+
+def call_between_wait_and_destroy(name, *args):
+    if name == "cuferry_ring_destroy":
+        caller = threading.Thread(target=late_stats)
+        caller.start()
+        caller.join(timeout=20)
+    elif name == "cuferry_ring_stats":
+        reached.append(name)
+    return real_call(name, *args)
+
+
+lib.call = call_between_wait_and_destroy
+try:
+    late.free()
+finally:
+    lib.call = real_call
+assert late_outcome == ["closed"] and not reached, (late_outcome, reached)
+assert late.handle is None
+
 stream.free()
 if checked < received:
     print(f"SKIP: bytes of {received - checked} items not checked (no CuPy to read device memory)")
