@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cuferry::ring::{
-    ConsumerSlot, DType, PackExecutor, RingOptions, SlotLayout, SlotMeta, SlotRing, StreamTransferBackend,
-    TransferBackend, MAX_PACK_THREADS, MAX_RING_DEPTH,
+    build_transfer_backend, ConsumerSlot, DType, PackExecutor, RingOptions, SlotLayout, SlotMeta, SlotRing,
+    StreamTransferBackend, TransferBackend, MAX_PACK_THREADS, MAX_RING_DEPTH,
 };
 use cuferry::{copy_range, Device, DeviceBuffer, Error, PinnedBuffer, Stream};
 use ring_common::FlakyBackend;
@@ -718,6 +718,16 @@ fn bad_ring_options() {
         let err = SlotRing::new(Device::Host, RingOptions::new(depth, slot_bytes)).unwrap_err();
         assert!(matches!(err, Error::InvalidArgument { .. }), "{depth} x {slot_bytes}: {err:?}");
     }
+    // The options are checked before the device is touched: a depth over the cap on a device
+    // that does not exist is still an argument error, as the C ABI documents, not NoDevice.
+    let absent = Device::Cuda(4095);
+    for timing in [false, true] {
+        let options = RingOptions { timing, ..RingOptions::new(MAX_RING_DEPTH + 1, 16) };
+        let err = SlotRing::new(absent, options).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument { .. }), "{err:?}");
+    }
+    let built = build_transfer_backend(absent, MAX_RING_DEPTH + 1);
+    assert!(matches!(built, Err(Error::InvalidArgument { .. })), "{:?}", built.err());
     let (depth, slot_bytes) = (MAX_RING_DEPTH, usize::MAX / 2);
     let err = SlotRing::new(Device::Host, RingOptions::new(depth, slot_bytes)).unwrap_err();
     assert!(matches!(err, Error::InvalidArgument { .. }), "overflowing total: {err:?}");

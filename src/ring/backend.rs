@@ -468,7 +468,7 @@ impl TransferBackend for StreamTransferBackend {
 }
 
 /// Refuses more slots than a ring has ([`MAX_RING_DEPTH`]) before anything is allocated.
-fn check_slot_count(count: usize) -> Result<()> {
+pub(super) fn check_slot_count(count: usize) -> Result<()> {
     if count > MAX_RING_DEPTH {
         return Err(Error::invalid(format!("{count} slots exceed the most a ring has ({MAX_RING_DEPTH})")));
     }
@@ -480,10 +480,12 @@ fn check_slot_count(count: usize) -> Result<()> {
 ///
 /// # Errors
 ///
-/// [`Error::InvalidArgument`] for a depth of 0; as [`Stream::new`].
+/// [`Error::InvalidArgument`] for a depth of 0 or over [`MAX_RING_DEPTH`] (checked before the
+/// device is touched); as [`Stream::new`].
 pub fn build_transfer_backend(device: Device, ring_depth: usize) -> Result<Box<dyn TransferBackend>> {
     if ring_depth == 0 {
         return Err(Error::invalid("ring depth must be at least 1"));
     }
+    check_slot_count(ring_depth)?;
     Ok(Box::new(StreamTransferBackend::new(device, false)?))
 }

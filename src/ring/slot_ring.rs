@@ -53,7 +53,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{select, unbounded, Receiver, Sender};
 
-use super::backend::{build_transfer_backend, StreamTransferBackend, TransferBackend};
+use super::backend::{build_transfer_backend, check_slot_count, StreamTransferBackend, TransferBackend};
 use super::executor::PackExecutor;
 use super::layout::{ArrayLayout, HasDType, SlotMeta};
 use crate::device::Device;
@@ -280,6 +280,11 @@ impl SlotRing {
         if options.slot_bytes == 0 {
             return Err(Error::invalid("ring slots must hold at least one byte"));
         }
+        // Every option is checked before the device is touched (a stream, a context).
+        if options.depth == 0 {
+            return Err(Error::invalid("ring depth must be at least 1"));
+        }
+        check_slot_count(options.depth)?;
         if options.depth.checked_mul(options.slot_bytes).is_none() {
             return Err(Error::invalid(format!(
                 "{} slots of {} bytes overflow the address space",
@@ -287,9 +292,6 @@ impl SlotRing {
             )));
         }
         let mut backend = if options.timing {
-            if options.depth == 0 {
-                return Err(Error::invalid("ring depth must be at least 1"));
-            }
             Box::new(StreamTransferBackend::new(device, true)?)
         } else {
             build_transfer_backend(device, options.depth)?
