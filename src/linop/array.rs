@@ -324,10 +324,13 @@ impl<T: Field> Array<T> {
             return Err(Error::invalid(format!("range {range:?} along axis {axis} of size {n}")));
         }
         let mut out = self.clone();
-        if range.start < range.end {
+        out.shape[axis] = range.end - range.start;
+        // An empty view keeps its offset: it is never read, and an empty array's strides are
+        // not bounds-checked (`from_buffer`), so moving it could overflow.
+        if numel(&out.shape)? > 0 {
+            // In bounds: a non-empty view of a checked array.
             out.offset += range.start * self.strides[axis];
         }
-        out.shape[axis] = range.end - range.start;
         Ok(out)
     }
 
@@ -448,6 +451,22 @@ pub(crate) fn numel(shape: &[usize]) -> Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Slicing an empty view with huge strides (accepted: an empty view is never read) keeps
+    /// its offset instead of overflowing it; a non-empty slice moves it by the stride.
+    #[test]
+    fn slicing_an_empty_view_keeps_its_offset() {
+        let spec = DeviceSpec::new(Device::Host).unwrap();
+        let buf = Arc::new(DeviceBuffer::<f64>::zeroed(&spec.compute_stream, 8).unwrap());
+        let empty = Array::from_buffer(&spec, Arc::clone(&buf), 3, &[0, 4], &[0, usize::MAX]).unwrap();
+        let sliced = empty.slice(1, 2..4).unwrap();
+        assert_eq!((sliced.offset(), sliced.shape()), (3, &[0, 2][..]));
+        assert!(sliced.to_vec().unwrap().is_empty());
+        let full = Array::from_buffer(&spec, buf, 1, &[2, 3], &[3, 1]).unwrap();
+        let cols = full.slice(1, 1..3).unwrap();
+        assert_eq!((cols.offset(), cols.shape()), (2, &[2, 2][..]));
+        assert_eq!(full.slice(1, 3..3).unwrap().offset(), 1, "an empty slice moved the offset");
+    }
 
     /// A kernel job that panics on a host stream: its output is never written, and reading the
     /// array back must say so instead of returning the zeroed buffer.

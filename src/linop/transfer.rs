@@ -46,7 +46,7 @@
 //! # Ok::<(), cuferry::Error>(())
 //! ```
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use super::array::{check_spec, Array};
@@ -86,6 +86,28 @@ fn stream_device(src: Device, dst: Device) -> Device {
     }
 }
 
+/// Enables peer access both ways between two CUDA devices where [`can_access_peer`] allows
+/// it, once per process and pair (later calls read a set); nothing for other pairs.
+fn enable_peer_access_once(src: Device, dst: Device) -> Result<()> {
+    static ENABLED: OnceLock<Mutex<HashSet<(Device, Device)>>> = OnceLock::new();
+    let (Device::Cuda(a), Device::Cuda(b)) = (src, dst) else { return Ok(()) };
+    if a == b {
+        return Ok(());
+    }
+    let pair = if a < b { (src, dst) } else { (dst, src) };
+    let mut enabled = ENABLED.get_or_init(Mutex::default).lock().unwrap_or_else(|e| e.into_inner());
+    if enabled.contains(&pair) {
+        return Ok(());
+    }
+    for (x, y) in [(src, dst), (dst, src)] {
+        if can_access_peer(x, y)? {
+            enable_peer_access(x, y)?;
+        }
+    }
+    enabled.insert(pair);
+    Ok(())
+}
+
 /// The transfer stream for copies from `ispec` to `ospec` (see the [module docs](crate::linop)).
 ///
 /// # Errors
@@ -97,6 +119,8 @@ pub fn transfer_stream(ispec: &DeviceSpec, ospec: &DeviceSpec) -> Result<Arc<Str
     check_spec(ispec)?;
     check_spec(ospec)?;
     let (src, dst) = (ispec.device, ospec.device);
+    // Before either stream is chosen: a spec's own transfer stream copies peer to peer too.
+    enable_peer_access_once(src, dst)?;
     for s in [&ospec.transfer_stream, &ispec.transfer_stream].into_iter().flatten() {
         if can_run(s.device(), src, dst) {
             return Ok(Arc::new(s.clone()));
@@ -106,15 +130,6 @@ pub fn transfer_stream(ispec: &DeviceSpec, ospec: &DeviceSpec) -> Result<Arc<Str
     let mut map = registry().lock().unwrap_or_else(|e| e.into_inner());
     if let Some(stream) = map.get(&key).and_then(Weak::upgrade) {
         return Ok(stream);
-    }
-    if let (Device::Cuda(a), Device::Cuda(b)) = (src, dst) {
-        if a != b {
-            for (x, y) in [(src, dst), (dst, src)] {
-                if can_access_peer(x, y)? {
-                    enable_peer_access(x, y)?;
-                }
-            }
-        }
     }
     let stream = Arc::new(Stream::new(stream_device(src, dst))?);
     map.retain(|_, w| w.strong_count() > 0);
