@@ -188,7 +188,9 @@ typedef enum CuferryStatus {
    */
   CUFERRY_STATUS_INVALID_ARGUMENT = 1,
   /**
-   * Not available here (CUDA not built, missing capability).
+   * Not available here (CUDA not built, missing capability), or host memory ran out for
+   * a host-backend allocation (the message says which; CUDA's out-of-memory is
+   * `CUFERRY_STATUS_CUDA`).
    */
   CUFERRY_STATUS_UNSUPPORTED = 2,
   /**

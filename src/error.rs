@@ -42,7 +42,8 @@ pub enum Error {
         call: &'static str,
     },
     /// The operation is not available here: CUDA not compiled in, a device capability missing,
-    /// or a backend that cannot do it.
+    /// or a backend that cannot do it. Also host memory running out for the host backend's
+    /// allocations (the message says so); CUDA's own out-of-memory is [`Error::Cuda`].
     #[error("unsupported: {what}")]
     Unsupported {
         /// What is missing, naming the capability or build setting.

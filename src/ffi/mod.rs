@@ -48,7 +48,9 @@ pub enum CuferryStatus {
     Ok = 0,
     /// An argument was rejected (NULL handle, range out of bounds, ...).
     InvalidArgument = 1,
-    /// Not available here (CUDA not built, missing capability).
+    /// Not available here (CUDA not built, missing capability), or host memory ran out for
+    /// a host-backend allocation (the message says which; CUDA's out-of-memory is
+    /// `CUFERRY_STATUS_CUDA`).
     Unsupported = 2,
     /// No NVIDIA driver.
     NoDriver = 3,
