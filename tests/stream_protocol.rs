@@ -372,3 +372,63 @@ fn a_buffer_dropped_in_a_job_before_its_queued_copy_is_freed_after_it() {
     assert_eq!(dst.to_vec(&stream).unwrap(), data, "the copy read freed memory");
     assert!(cuferry::take_drop_error().is_none());
 }
+
+/// Waits a host job makes for its own stream fail at once instead of waiting forever (the
+/// stream runs the job's successors only after it): `synchronize` of the same stream, an
+/// event recorded on it after the job, a buffer whose use is queued behind the job. Waits for
+/// another stream still wait, and the stream works normally afterwards.
+#[test]
+fn a_job_waiting_for_its_own_stream_gets_an_error() {
+    type Outcomes = Vec<(&'static str, Result<(), Error>)>;
+    let stream = Stream::new(Device::Host).unwrap();
+    let other = Stream::new(Device::Host).unwrap();
+    let event = Arc::new(Event::new(Device::Host).unwrap());
+    let buffer = Arc::new(PinnedBuffer::from_slice(Device::Host, &[5u32; 64]).unwrap());
+    let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 64).unwrap();
+    let other_ran = Arc::new(AtomicBool::new(false));
+    let (go, wait_for_go) = std::sync::mpsc::channel::<()>();
+    let (report, outcomes) = std::sync::mpsc::channel::<Outcomes>();
+    {
+        let (own, other, event, buffer, other_ran) =
+            (stream.clone(), other.clone(), Arc::clone(&event), Arc::clone(&buffer), Arc::clone(&other_ran));
+        stream
+            .host_fn(move || {
+                let _ = wait_for_go.recv_timeout(Duration::from_secs(10));
+                let ran = Arc::clone(&other_ran);
+                other
+                    .host_fn(move || {
+                        sleep_ms(20);
+                        ran.store(true, Ordering::SeqCst);
+                    })
+                    .unwrap();
+                let outcomes: Outcomes = vec![
+                    ("own synchronize", own.synchronize()),
+                    ("event recorded behind the job", event.synchronize()),
+                    ("buffer read behind the job", buffer.as_slice().map(drop)),
+                    ("another stream", other.synchronize()),
+                ];
+                let _ = report.send(outcomes);
+            })
+            .unwrap();
+    }
+    event.record(&stream).unwrap();
+    copy(&stream, &*buffer, &mut dst).unwrap(); // a read of `buffer` queued behind the job
+    go.send(()).unwrap();
+    let Ok(outcomes) = outcomes.recv_timeout(Duration::from_secs(10)) else {
+        // The worker is stuck: dropping what waits on it would hang the test instead of failing.
+        std::mem::forget((stream, dst, event, buffer));
+        panic!("a job's wait for its own stream never returned");
+    };
+    for (what, outcome) in &outcomes[..3] {
+        assert!(
+            matches!(outcome, Err(Error::InvalidArgument { what }) if what.contains("wait forever")),
+            "{what}: {outcome:?}"
+        );
+    }
+    assert!(outcomes[3].1.is_ok(), "{:?}", outcomes[3]);
+    assert!(other_ran.load(Ordering::SeqCst), "the wait for another stream returned early");
+    stream.synchronize().unwrap();
+    event.synchronize().unwrap();
+    assert_eq!(dst.to_vec(&stream).unwrap(), vec![5; 64]);
+    assert_eq!(buffer.as_slice().unwrap(), &[5; 64]);
+}

@@ -11,13 +11,16 @@
 //!   its completion job already queued: the record holds the event's lock through the submit.
 //!   A wait queued on the same stream in between would sit in front of that job and block the
 //!   stream's worker forever. Lock order: the event's lock, then the queue's.
+//! - A pending generation remembers its queue: a host wait for it from a job of that queue
+//!   (behind which its completion job sits) fails at once instead of waiting forever.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::Result;
 use crate::monitor::{Monitor, MonitorGuard};
+use crate::stream::host::QueueId;
 use crate::stream::HostQueue;
 
 /// Shared state of one host event.
@@ -31,8 +34,8 @@ pub(crate) struct HostEventState {
 struct Generations {
     /// The latest generation handed out (0: never recorded).
     recorded: u64,
-    /// Generations recorded and not yet completed.
-    pending: BTreeSet<u64>,
+    /// Generations recorded and not yet completed, with the queue that completes each.
+    pending: BTreeMap<u64, QueueId>,
     /// When the latest generation completed (timing).
     latest_completed_at: Option<Instant>,
 }
@@ -57,7 +60,7 @@ impl HostEventState {
             g.latest_completed_at = Some(Instant::now());
             return Ok(());
         }
-        g.pending.insert(generation);
+        g.pending.insert(generation, queue.id());
         let former_completed_at = g.latest_completed_at.take();
         let state = Arc::clone(self);
         let queued = queue.submit(Box::new(move || {
@@ -88,12 +91,22 @@ impl HostEventState {
     /// The latest generation if it has not completed yet.
     pub(crate) fn pending_generation(&self) -> Option<u64> {
         let g = self.lock();
-        g.pending.contains(&g.recorded).then_some(g.recorded)
+        g.pending.contains_key(&g.recorded).then_some(g.recorded)
     }
 
     /// Blocks until `generation` has completed.
-    pub(crate) fn wait(&self, generation: u64) {
-        drop(self.state.wait_while(self.lock(), |g| g.pending.contains(&generation)));
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) at once when the current
+    /// thread runs a job of the queue that completes it (see the module rules).
+    pub(crate) fn wait(&self, generation: u64) -> Result<()> {
+        let queue = self.lock().pending.get(&generation).copied();
+        if let Some(queue) = queue {
+            queue.refuse_wait_from_own_job("waiting on the host for an event recorded on its host stream")?;
+        }
+        drop(self.state.wait_while(self.lock(), |g| g.pending.contains_key(&generation)));
+        Ok(())
     }
 
     /// Whether the event was ever recorded, and when its latest record completed.

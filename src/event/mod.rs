@@ -157,15 +157,16 @@ impl Event {
     ///
     /// # Errors
     ///
-    /// CUDA errors of `cudaEventSynchronize`.
+    /// CUDA errors of `cudaEventSynchronize`. On the host backend, [`Error::InvalidArgument`]
+    /// at once when called from a job of the stream the pending record is on (a
+    /// [`Stream::host_fn`](crate::Stream::host_fn) closure): the record completes after that
+    /// job, so the wait would never end.
     pub fn synchronize(&self) -> Result<()> {
         match &self.backend {
-            EventBackend::Host(state) => {
-                if let Some(generation) = state.pending_generation() {
-                    state.wait(generation);
-                }
-                Ok(())
-            }
+            EventBackend::Host(state) => match state.pending_generation() {
+                Some(generation) => state.wait(generation),
+                None => Ok(()),
+            },
             EventBackend::Cuda(ev) => ev.synchronize(),
         }
     }

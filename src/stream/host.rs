@@ -13,10 +13,14 @@
 //!   submitted while an inline one runs waits for it: queue order holds across threads. This
 //!   spares two thread hand-offs (worker wake-up, waiter wake-up), which cost more than a short
 //!   job itself.
-//! - A thread knows when it is running a job ([`in_job`]), so code that would wait for queued
-//!   work (a deferred free past its caps) can avoid waiting for work behind itself.
+//! - A thread knows when it is running a job ([`in_job`]), and of which queues
+//!   ([`QueueId::runs_on_this_thread`]), so code that would wait for queued work (a deferred
+//!   free past its caps) can avoid waiting for work behind itself. A job that waits for its
+//!   own queue (its `synchronize`, or an event recorded on it after the job) would wait
+//!   forever: those waits fail at once instead ([`Error::InvalidArgument`]), as CUDA refuses
+//!   stream calls from inside a host function.
 
-use std::cell::Cell;
+use std::cell::RefCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -71,10 +75,11 @@ impl Progress {
     /// Runs one job (panics caught) while `running` (the execution lock) is held, releases
     /// it, and counts the job finished.
     fn run_holding(&self, job: Job, running: MutexGuard<'_, ()>) {
-        JOBS_RUNNING.with(|n| n.set(n.get() + 1));
+        let id = QueueId::of(self);
+        RUNNING.with(|r| r.borrow_mut().push(id));
         let outcome = catch_unwind(AssertUnwindSafe(job))
             .unwrap_or_else(|panic| Err(Error::HostFnPanicked { message: take_panic_message(panic) }));
-        JOBS_RUNNING.with(|n| n.set(n.get() - 1));
+        RUNNING.with(|r| r.borrow_mut().pop());
         drop(running);
         self.state.update(|st| {
             st.completed += 1;
@@ -86,15 +91,44 @@ impl Progress {
 }
 
 thread_local! {
-    /// How many host-stream jobs the current thread is running (nested when a job runs
-    /// another queue's job inline).
-    static JOBS_RUNNING: Cell<u32> = const { Cell::new(0) };
+    /// The queues whose jobs the current thread is running, innermost last (several when a
+    /// job runs another queue's job inline).
+    static RUNNING: RefCell<Vec<QueueId>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Whether the current thread is running a host-stream job (on a worker, or inline): a wait
 /// here for work queued behind the job would never end.
 pub(crate) fn in_job() -> bool {
-    JOBS_RUNNING.with(|n| n.get() > 0)
+    RUNNING.with(|r| !r.borrow().is_empty())
+}
+
+/// Names one host queue (the address of its shared counters, unique while the queue's worker
+/// or any handle lives: a queue running a job is alive).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct QueueId(usize);
+
+impl QueueId {
+    fn of(progress: &Progress) -> Self {
+        QueueId(progress as *const Progress as usize)
+    }
+
+    /// Whether the current thread is running a job of this queue: anything queued on it now
+    /// runs after that job, so waiting for it here would never end.
+    pub(crate) fn runs_on_this_thread(self) -> bool {
+        RUNNING.with(|r| r.borrow().contains(&self))
+    }
+
+    /// [`Error::InvalidArgument`] when the current thread runs a job of this queue (see
+    /// [`QueueId::runs_on_this_thread`]); `what` names the wait.
+    pub(crate) fn refuse_wait_from_own_job(self, what: &str) -> Result<()> {
+        if self.runs_on_this_thread() {
+            return Err(Error::invalid(format!(
+                "{what} from a job of the same host stream would wait forever (the stream runs its \
+                 jobs in order, and this one is still running)"
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// An in-order job queue with one worker thread.
@@ -164,9 +198,19 @@ impl HostQueue {
         st.completed == st.submitted
     }
 
+    /// This queue's name.
+    pub(crate) fn id(&self) -> QueueId {
+        QueueId::of(&self.progress)
+    }
+
     /// Waits for every job submitted before the call; returns the first job error since the
     /// last check.
+    ///
+    /// # Errors
+    ///
+    /// The job error; [`Error::InvalidArgument`] at once from a job of this queue.
     pub(crate) fn synchronize(&self) -> Result<()> {
+        self.id().refuse_wait_from_own_job("synchronizing a host stream")?;
         self.wait_submitted().error.take().map_or(Ok(()), Err)
     }
 

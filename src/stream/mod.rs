@@ -118,7 +118,9 @@ impl Stream {
     ///
     /// The CUDA error of the stream, or the first error of its asynchronous work since the
     /// last check (a panicking host function); then [`Error::DropFailed`] when an earlier drop
-    /// of any cuferry resource failed (see [`take_drop_error`]).
+    /// of any cuferry resource failed (see [`take_drop_error`]). On the host backend,
+    /// [`Error::InvalidArgument`] at once when called from a job of this stream (a
+    /// [`Stream::host_fn`] closure), which would otherwise wait for itself forever.
     pub fn synchronize(&self) -> Result<()> {
         match &self.shared.backend {
             StreamBackend::Host(q) => q.synchronize()?,
@@ -203,10 +205,7 @@ impl Stream {
                     return Ok(());
                 };
                 let state = Arc::clone(state);
-                q.submit(Box::new(move || {
-                    state.wait(generation);
-                    Ok(())
-                }))
+                q.submit(Box::new(move || state.wait(generation)))
             }
             (StreamBackend::Host(q), EventBackend::Cuda(ev)) => {
                 let ev = Arc::clone(ev);
@@ -223,12 +222,10 @@ impl Stream {
             (StreamBackend::Cuda(s), EventBackend::Cuda(ev)) => {
                 crate::cuda::stream::wait_event(s.raw, ev.raw)
             }
-            (StreamBackend::Cuda(_), EventBackend::Host(state)) => {
-                if let Some(generation) = state.pending_generation() {
-                    state.wait(generation);
-                }
-                Ok(())
-            }
+            (StreamBackend::Cuda(_), EventBackend::Host(state)) => match state.pending_generation() {
+                Some(generation) => state.wait(generation),
+                None => Ok(()),
+            },
         }
     }
 
