@@ -74,6 +74,12 @@ impl<T> Monitor<T> {
         out
     }
 
+    /// Threads waiting now (tests use it to know a waiter has taken its snapshot).
+    #[cfg(test)]
+    pub(crate) fn waiters(&self) -> usize {
+        self.lock().0.waiters
+    }
+
     /// Blocks while `condition` holds for the state; returns the guard once it does not.
     pub(crate) fn wait_while<'a>(
         &'a self,

@@ -3,7 +3,8 @@
 //! Rules:
 //! - Jobs run one at a time, in the order they were submitted.
 //! - A job that fails or panics does not stop the queue: its error (the first since the last
-//!   check) is kept and returned by the next `synchronize` or `query`.
+//!   check) is kept and returned by the next `query`, or by the next `synchronize` that waited
+//!   for that job (one called before the job was submitted leaves it for a later check).
 //! - Dropping the queue closes the channel; the worker finishes every job already queued and
 //!   exits on its own (like `cudaStreamDestroy`, the drop does not wait).
 //! - Fast path for short jobs (`submit_or_run`): on an idle queue (every submitted job
@@ -46,7 +47,9 @@ struct Progress {
 struct ProgressState {
     submitted: u64,
     completed: u64,
-    error: Option<Error>,
+    /// The failed job's number (jobs finish in submission order, so the `n`-th to finish is
+    /// the `n`-th submitted) and its error.
+    error: Option<(u64, Error)>,
 }
 
 impl Progress {
@@ -61,7 +64,7 @@ impl Progress {
     /// True when every submitted job has finished; returns a kept job error first.
     fn query(&self) -> Result<bool> {
         let mut st = self.lock();
-        if let Some(err) = st.error.take() {
+        if let Some((_, err)) = st.error.take() {
             return Err(err);
         }
         Ok(st.completed == st.submitted)
@@ -84,7 +87,8 @@ impl Progress {
         self.state.update(|st| {
             st.completed += 1;
             if let Err(err) = outcome {
-                st.error.get_or_insert(err);
+                let job = st.completed;
+                st.error.get_or_insert((job, err));
             }
         });
     }
@@ -211,20 +215,29 @@ impl HostQueue {
     /// The job error; [`Error::InvalidArgument`] at once from a job of this queue.
     pub(crate) fn synchronize(&self) -> Result<()> {
         self.id().refuse_wait_from_own_job("synchronizing a host stream")?;
-        self.wait_submitted().error.take().map_or(Ok(()), Err)
+        let (mut st, target) = self.wait_submitted();
+        match st.error.take() {
+            Some((job, err)) if job <= target => Err(err),
+            later => {
+                // A job submitted after this call failed: its own waiter reports it.
+                st.error = later;
+                Ok(())
+            }
+        }
     }
 
     /// Waits for every job submitted before the call, leaving a job error for the next
     /// `synchronize` or `query`.
     pub(crate) fn wait_idle(&self) {
-        drop(self.wait_submitted());
+        drop(self.wait_submitted().0);
     }
 
-    /// Waits until every job submitted before the call has finished; returns the state, locked.
-    fn wait_submitted(&self) -> MonitorGuard<'_, ProgressState> {
+    /// Waits until every job submitted before the call has finished; returns the state,
+    /// locked, and the number of the last job waited for.
+    fn wait_submitted(&self) -> (MonitorGuard<'_, ProgressState>, u64) {
         let st = self.progress.lock();
         let target = st.submitted;
-        self.progress.state.wait_while(st, |st| st.completed < target)
+        (self.progress.state.wait_while(st, |st| st.completed < target), target)
     }
 
     /// True when every submitted job has finished; returns a pending job error first.
@@ -385,6 +398,42 @@ mod tests {
         q.synchronize().unwrap();
         runner.join().unwrap();
         assert_eq!(log.lock().unwrap().iter().map(|e| e.0).collect::<Vec<_>>(), ["inline", "later"]);
+    }
+
+    /// A `synchronize` reports only errors of jobs submitted before it: a job submitted while
+    /// it waits fails, and that error is left for the next check, not taken by the earlier
+    /// waiter (whose own job succeeded). Deterministic with the rule; without it the early
+    /// waiter takes the error whenever the later job finishes before it wakes (most rounds).
+    #[test]
+    fn synchronize_leaves_the_error_of_a_later_job() {
+        let q = Arc::new(HostQueue::new(9005).unwrap());
+        for round in 0..20 {
+            let (release, gate) = mpsc::channel::<()>();
+            q.submit(Box::new(move || {
+                let _ = gate.recv();
+                Ok(())
+            }))
+            .unwrap();
+            let early = {
+                let q = Arc::clone(&q);
+                thread::spawn(move || q.synchronize())
+            };
+            // Counted as waiting: it has taken its target (the gated job) under the lock.
+            let started = std::time::Instant::now();
+            while q.progress.state.waiters() == 0 {
+                assert!(started.elapsed() < Duration::from_secs(10), "the early waiter never waited");
+                thread::yield_now();
+            }
+            q.submit(Box::new(|| Err(Error::invalid("the later job failed")))).unwrap();
+            release.send(()).unwrap();
+            let early = early.join().unwrap();
+            assert!(early.is_ok(), "round {round}: the early waiter took a later job's error: {early:?}");
+            let later = q.synchronize();
+            assert!(
+                matches!(&later, Err(Error::InvalidArgument { what }) if what.contains("later job")),
+                "round {round}: {later:?}"
+            );
+        }
     }
 
     #[test]

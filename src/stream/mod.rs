@@ -9,8 +9,13 @@
 //!   with work pending does not block and does not cancel: the work still runs.
 //! - On [`Device::Host`] one worker thread serves each stream; on [`Device::Cuda`] it is a
 //!   non-blocking CUDA stream.
-//! - Errors of asynchronous work (a host function that panicked) are reported by the next
-//!   [`Stream::synchronize`] or [`Stream::query`].
+//! - Errors of asynchronous work (a host function that panicked) are reported once, by the
+//!   next [`Stream::query`] or by the next [`Stream::synchronize`] that waited for the failed
+//!   work (on the host backend, one called before it was queued leaves it for a later check;
+//!   linop arrays also take a failed job's error, see [`crate::linop`]).
+//! - [`Stream::wait_event`] on a host stream for a CUDA event waits, when the job runs, for
+//!   the event's record at that time: never an earlier one, possibly a later one (a host
+//!   thread can only synchronize an event's latest record).
 //!
 //! # Examples
 //!
