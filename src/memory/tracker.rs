@@ -19,7 +19,11 @@
 //!   the last write and every read since it. Freeing therefore never races queued work; a free
 //!   queued in stream order first makes its stream wait for every remembered use.
 //! - The trackers' locks are held from the waits through the record, so two threads queueing
-//!   on one buffer cannot interleave between an operation and its record.
+//!   on one buffer cannot interleave between an operation and its record. The one blocking
+//!   wait there could be is not made under them: a CUDA stream waits for host-stream work
+//!   by blocking the caller, and a host job ahead of that work may be queueing on the same
+//!   buffers, so such work is waited for with the locks released, and the uses looked at
+//!   again.
 //! - An operation whose queueing failed is recorded too (it may have queued part of its work
 //!   before failing); when even the record fails, the host waits for the stream instead,
 //!   with the trackers still locked. cuferry's own jobs touch memory and events only, never
@@ -36,8 +40,8 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::error::Result;
-use crate::event::Event;
-use crate::stream::Stream;
+use crate::event::{Event, EventBackend};
+use crate::stream::{Stream, StreamBackend};
 
 /// How an operation uses a buffer (see the module rules).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +51,27 @@ pub(crate) enum Access {
     /// Writes the memory (or may: prefetch, memset, anything unsure): runs after every
     /// earlier use.
     Write,
+}
+
+/// The unfinished host-stream uses among those a use on `stream` must follow, when `stream` is
+/// a CUDA stream (which can wait for them only by blocking the host); none otherwise.
+fn host_work_a_cuda_stream_awaits(
+    stream: &Stream,
+    locked: &[(Access, MutexGuard<'_, Uses>)],
+) -> Result<Vec<Arc<Event>>> {
+    let mut pending: Vec<Arc<Event>> = Vec::new();
+    if !matches!(stream.backend(), StreamBackend::Cuda(_)) {
+        return Ok(pending);
+    }
+    for (access, uses) in locked {
+        for earlier in uses.awaited_by(*access) {
+            let host = matches!(earlier.event.backend(), EventBackend::Host(_));
+            if host && !pending.iter().any(|e| Arc::ptr_eq(e, &earlier.event)) && !earlier.event.query()? {
+                pending.push(Arc::clone(&earlier.event));
+            }
+        }
+    }
+    Ok(pending)
 }
 
 /// One queued use of a buffer.
@@ -184,20 +209,34 @@ impl UseTracker {
                 _ => merged.push((tracker, access)),
             }
         }
-        let mut locked: Vec<(Access, MutexGuard<'_, Uses>)> =
-            merged.iter().map(|(t, access)| (*access, t.lock())).collect();
-        // Stream-ordered memory not written yet: its allocation counts as the first write, made
-        // an entry (an event on the allocation stream) the first time another stream uses it.
-        for ((tracker, _), (_, uses)) in merged.iter().zip(locked.iter_mut()) {
-            match &tracker.origin {
-                Some(origin) if uses.write.is_none() && origin.id() != stream.id() => {
-                    let allocated = Arc::new(Event::new(origin.device())?);
-                    allocated.record(origin)?;
-                    uses.write = Some(Use { event: allocated, stream: origin.clone() });
+        let mut locked = loop {
+            let mut locked: Vec<(Access, MutexGuard<'_, Uses>)> =
+                merged.iter().map(|(t, access)| (*access, t.lock())).collect();
+            // Stream-ordered memory not written yet: its allocation counts as the first write,
+            // made an entry (an event on the allocation stream) the first time another stream
+            // uses it.
+            for ((tracker, _), (_, uses)) in merged.iter().zip(locked.iter_mut()) {
+                match &tracker.origin {
+                    Some(origin) if uses.write.is_none() && origin.id() != stream.id() => {
+                        let allocated = Arc::new(Event::new(origin.device())?);
+                        allocated.record(origin)?;
+                        uses.write = Some(Use { event: allocated, stream: origin.clone() });
+                    }
+                    _ => {}
                 }
-                _ => {}
             }
-        }
+            // A CUDA stream waits for host-stream work by blocking this thread: block with the
+            // locks released (a host job ahead of that work may be queueing on these very
+            // buffers), then look again, since uses may have been added meanwhile.
+            let host_work = host_work_a_cuda_stream_awaits(stream, &locked)?;
+            if host_work.is_empty() {
+                break locked;
+            }
+            drop(locked);
+            for event in host_work {
+                event.synchronize()?;
+            }
+        };
         let mut waited: Vec<&Arc<Event>> = Vec::new();
         for (access, uses) in &locked {
             for earlier in uses.awaited_by(*access) {
