@@ -101,11 +101,11 @@ impl HostEventState {
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) at once when the current
     /// thread runs a job of the queue that completes it (see the module rules).
     pub(crate) fn wait(&self, generation: u64) -> Result<()> {
-        let queue = self.lock().pending.get(&generation).copied();
-        if let Some(queue) = queue {
+        let g = self.lock();
+        if let Some(queue) = g.pending.get(&generation) {
             queue.refuse_wait_from_own_job("waiting on the host for an event recorded on its host stream")?;
         }
-        drop(self.state.wait_while(self.lock(), |g| g.pending.contains_key(&generation)));
+        drop(self.state.wait_while(g, |g| g.pending.contains_key(&generation)));
         Ok(())
     }
 
