@@ -433,6 +433,62 @@ fn a_job_waiting_for_its_own_stream_gets_an_error() {
     assert_eq!(buffer.as_slice().unwrap(), &[5; 64]);
 }
 
+/// The synchronous copies through borrowed host memory (`to_vec`, `copy_from_slice_at`,
+/// `copy_to_slice_at`, linop's `Array::to_vec`) refuse to run from a job of their own stream
+/// before queueing anything. They used to queue the copy behind the running job, fail the
+/// wait for it, and return: the copy then ran after the borrow ended, writing into a freed
+/// `Vec` (or reading one). Here every call's result is checked, and after the stream drains,
+/// the canary allocated where the `Vec` was freed, the buffer and the caller's slices are
+/// checked unchanged.
+#[test]
+fn synchronous_copies_from_a_job_of_their_stream_are_refused_before_queueing() {
+    const N: usize = 1 << 14;
+    type Outcome = (&'static str, Result<(), Error>);
+    let stream = Stream::new(Device::Host).unwrap();
+    let buffer =
+        Arc::new(std::sync::Mutex::new(DeviceBuffer::from_slice(&stream, &vec![0xABCD_u32; N]).unwrap()));
+    let spec = cuferry::DeviceSpec::with_streams(Device::Host, stream.clone(), None).unwrap();
+    let array = Arc::new(cuferry::linop::Array::from_slice(&spec, &[N], &vec![3.0f64; N]).unwrap());
+    let (report, outcomes) = std::sync::mpsc::channel::<(Vec<Outcome>, Vec<u32>, Vec<u32>)>();
+    {
+        let (own, buffer, array) = (stream.clone(), Arc::clone(&buffer), Arc::clone(&array));
+        stream
+            .host_fn(move || {
+                let mut buffer = buffer.lock().unwrap();
+                let incoming = vec![7u32; N];
+                let mut out = vec![1u32; N];
+                let outcomes: Vec<Outcome> = vec![
+                    ("to_vec", buffer.to_vec(&own).map(drop)),
+                    ("copy_from_slice_at", buffer.copy_from_slice_at(&own, 0, &incoming)),
+                    ("copy_to_slice_at", buffer.copy_to_slice_at(&own, 0, &mut out)),
+                    ("Array::to_vec", array.to_vec().map(drop)),
+                ];
+                // Where a queued copy's freed destination would be reused.
+                let canary = vec![0u32; N];
+                let _ = report.send((outcomes, canary, out));
+            })
+            .unwrap();
+    }
+    let Ok((outcomes, canary, out)) = outcomes.recv_timeout(Duration::from_secs(10)) else {
+        std::mem::forget((stream, buffer, array));
+        panic!("a synchronous copy from a job of its stream never returned");
+    };
+    stream.synchronize().unwrap();
+    for (what, outcome) in &outcomes {
+        assert!(
+            matches!(outcome, Err(Error::InvalidArgument { what }) if what.contains("wait forever")),
+            "{what}: {outcome:?}"
+        );
+    }
+    assert!(canary.iter().all(|&x| x == 0), "a refused copy wrote into freed memory later");
+    assert!(out.iter().all(|&x| x == 1), "a refused copy wrote into the caller's slice");
+    assert_eq!(
+        buffer.lock().unwrap().to_vec(&stream).unwrap(),
+        vec![0xABCD; N],
+        "a refused copy wrote the buffer"
+    );
+}
+
 /// A use on a CUDA stream of pinned memory whose last write is host-stream work still queued
 /// does not hold the buffer while it waits for that work (a CUDA stream can wait for host
 /// work only by blocking the caller): a host job ahead of the write may queue on the same

@@ -378,15 +378,17 @@ impl<T: Field> Array<T> {
     ///
     /// # Errors
     ///
-    /// Errors of the copies; a pending error of queued work on the compute stream or a stream
-    /// upstream of the array (a kernel job that panicked, [`Error::HostFnPanicked`]), reported
-    /// once, as [`Stream::query`](crate::Stream::query) does.
+    /// Errors of the copies; [`Error::InvalidArgument`] when called from a job of the compute
+    /// stream (a host stream; the copy would wait for itself); a pending error of queued work
+    /// on the compute stream or a stream upstream of the array (a kernel job that panicked,
+    /// [`Error::HostFnPanicked`]), reported once, as [`Stream::query`](crate::Stream::query)
+    /// does.
     pub fn to_vec(&self) -> Result<Vec<T>> {
         let a = self.contiguous()?;
         let n = a.len();
         let mut out = vec![T::zero(); n];
         if n > 0 {
-            let mut dst = PageableSlice::new_mut(&mut out);
+            let mut dst = PageableSlice::new_mut(&a.spec.compute_stream, &mut out)?;
             copy_range(&a.spec.compute_stream, &*a.buf, a.offset, &mut dst, 0, n)?;
             dst.wait()?;
         }

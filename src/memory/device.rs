@@ -189,7 +189,8 @@ impl<T: Element> DeviceBuffer<T> {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] when the lengths differ; errors of [`crate::copy()`].
+    /// [`Error::InvalidArgument`] when the lengths differ, or when called from a job of
+    /// `stream` (a host stream; the copy would wait for itself); errors of [`crate::copy()`].
     pub fn copy_from_slice(&mut self, stream: &Stream, data: &[T]) -> Result<()> {
         check_len(data.len(), self.len)?;
         self.copy_from_slice_at(stream, 0, data)
@@ -200,9 +201,10 @@ impl<T: Element> DeviceBuffer<T> {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] when the range is out of bounds; errors of [`crate::copy()`].
+    /// [`Error::InvalidArgument`] when the range is out of bounds, or when called from a job of
+    /// `stream` (a host stream; the copy would wait for itself); errors of [`crate::copy()`].
     pub fn copy_from_slice_at(&mut self, stream: &Stream, offset: usize, data: &[T]) -> Result<()> {
-        let src = PageableSlice::new(data);
+        let src = PageableSlice::new(stream, data)?;
         copy_range(stream, &src, 0, self, offset, data.len())?;
         src.wait()
     }
@@ -212,7 +214,8 @@ impl<T: Element> DeviceBuffer<T> {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] when the lengths differ; errors of [`crate::copy()`].
+    /// [`Error::InvalidArgument`] when the lengths differ, or when called from a job of
+    /// `stream` (a host stream; the copy would wait for itself); errors of [`crate::copy()`].
     pub fn copy_to_slice(&self, stream: &Stream, out: &mut [T]) -> Result<()> {
         check_len(self.len, out.len())?;
         self.copy_to_slice_at(stream, 0, out)
@@ -223,10 +226,11 @@ impl<T: Element> DeviceBuffer<T> {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] when the range is out of bounds; errors of [`crate::copy()`].
+    /// [`Error::InvalidArgument`] when the range is out of bounds, or when called from a job of
+    /// `stream` (a host stream; the copy would wait for itself); errors of [`crate::copy()`].
     pub fn copy_to_slice_at(&self, stream: &Stream, offset: usize, out: &mut [T]) -> Result<()> {
         let len = out.len();
-        let mut dst = PageableSlice::new_mut(out);
+        let mut dst = PageableSlice::new_mut(stream, out)?;
         copy_range(stream, self, offset, &mut dst, 0, len)?;
         dst.wait()
     }
@@ -235,7 +239,8 @@ impl<T: Element> DeviceBuffer<T> {
     ///
     /// # Errors
     ///
-    /// Errors of [`crate::copy()`].
+    /// [`Error::InvalidArgument`] when called from a job of `stream` (a host stream; the copy
+    /// would wait for itself); errors of [`crate::copy()`].
     pub fn to_vec(&self, stream: &Stream) -> Result<Vec<T>> {
         let mut out = vec![T::zeroed(); self.len];
         self.copy_to_slice(stream, &mut out)?;

@@ -15,9 +15,10 @@
 //!   they become idle: one held back by a long queue does not hold back the others. Between
 //!   polls it sleeps with a growing backoff (20 us to 1 ms), woken early by each allocation
 //!   handed over (one poll serves every wake-up sent before it).
-//! - Before querying a CUDA allocation's events the reaper thread makes the allocation's
-//!   device current: a thread with no current device would create a context on device 0,
-//!   which a process using only other GPUs never asked for.
+//! - Before querying a CUDA allocation's events the reaper thread, and an allocating thread
+//!   reclaiming a block, make the allocation's device current: a thread with no current
+//!   device would create a context on device 0, which a process using only other GPUs never
+//!   asked for (cuferry leaves its device current, as everywhere).
 //! - When a tracker cannot be queried (the queued work's fate is unknown) the memory is
 //!   leaked (never cached) and the error kept for [`take_drop_error`](crate::take_drop_error),
 //!   as a waiting drop does; the tracker's streams and events are released.
@@ -261,6 +262,13 @@ impl Reaper {
                 || alloc.place() != Some(place)
             {
                 return false;
+            }
+            if queries == 0 {
+                // As the reaper thread does (module rules): the calling thread may have no
+                // current device, and the query would create a context on device 0.
+                if let Place::CudaDevice(ordinal) | Place::CudaPinned(ordinal) = place {
+                    let _ = crate::cuda::device::make_current(ordinal);
+                }
             }
             queries += 1;
             matches!(alloc.tracker.is_idle(), Ok(true))

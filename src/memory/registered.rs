@@ -151,10 +151,14 @@ impl<T: Element> HostRegistration<T> {
 
     /// Waits for queued uses and unregisters (once).
     fn release(&mut self) -> Result<()> {
+        if self.data.is_none() {
+            // Handed back by `into_inner`, or leaked by a failed release that reported why.
+            return Ok(());
+        }
         if let Err(err) = self.tracker.wait_idle() {
             // A copy may still be running: never hand back or free the memory. Its
-            // registration is leaked with it (nothing left to unregister, so a later
-            // `release`, from `Drop` after `into_inner`, reports nothing more).
+            // registration is leaked with it (a later `release`, from `Drop` after
+            // `into_inner`, finds no data and reports nothing more).
             if let Some(v) = self.data.take() {
                 std::mem::forget(v);
             }
@@ -230,5 +234,34 @@ mod tests {
         assert!(!shown.contains("123456789") && !shown.contains("987654321"), "{shown}");
         assert!(shown.contains("len: 4"), "{shown}");
         assert_eq!(reg.as_slice().unwrap(), [987_654_321u32; 4]);
+    }
+
+    /// A failed `into_inner` (its wait refused: called from a job of the stream its copy is
+    /// queued on) returns the error once and leaks the memory; the drop after it reports
+    /// nothing more. It used to record the same error again for `take_drop_error`, so the
+    /// next `synchronize` of any stream failed with a spurious `DropFailed`.
+    #[test]
+    fn a_failed_into_inner_reports_its_error_once() {
+        let stream = Stream::new(Device::Host).unwrap();
+        let (report, outcome) = std::sync::mpsc::channel();
+        let own = stream.clone();
+        let src = DeviceBuffer::from_slice(&stream, &[5u32; 16]).unwrap();
+        stream
+            .host_fn(move || {
+                let result = (|| -> Result<Result<Vec<u32>>> {
+                    let mut reg = HostRegistration::new(Device::Host, vec![0u32; 16])?;
+                    copy(&own, &src, &mut reg)?; // queued behind this job
+                    Ok(reg.into_inner())
+                })();
+                let own_job_drop_error = crate::error::take_drop_error().is_some_and(
+                    |e| matches!(&e, Error::InvalidArgument { what } if what.contains("wait forever")),
+                );
+                let _ = report.send((result.map(|r| r.is_err()), own_job_drop_error));
+            })
+            .unwrap();
+        let (failed, drop_error) = outcome.recv_timeout(std::time::Duration::from_secs(10)).unwrap();
+        stream.synchronize().unwrap();
+        assert!(failed.unwrap(), "into_inner from a job of its copy's stream must fail");
+        assert!(!drop_error, "the failed into_inner's drop reported its error a second time");
     }
 }

@@ -117,6 +117,16 @@ impl Stream {
         &self.shared.backend
     }
 
+    /// [`Error::InvalidArgument`] when the calling thread runs a job of this host stream: a
+    /// call that queues work here and then waits for it (`what` names the call) would wait for
+    /// itself, and the work it queued would still run after it returned. CUDA streams pass.
+    pub(crate) fn refuse_blocking_call_from_own_job(&self, what: &str) -> Result<()> {
+        match &self.shared.backend {
+            StreamBackend::Host(q) => q.id().refuse_wait_from_own_job(what),
+            StreamBackend::Cuda(_) => Ok(()),
+        }
+    }
+
     /// Blocks until all work queued on this stream before the call has finished.
     ///
     /// # Errors
@@ -239,9 +249,13 @@ impl Stream {
     /// On CUDA streams `f` runs on a CUDA-owned thread and **must not call CUDA**, directly or
     /// by dropping cuferry buffers or streams (CUDA forbids it and may deadlock). On the host
     /// backend `f` may drop device and pinned buffers and linop arrays with work pending (their
-    /// frees are deferred until that work has run), but dropping a
-    /// [`HostRegistration`](crate::HostRegistration) or a managed buffer that has work queued
-    /// behind `f` waits for that work, which never runs. A panic in `f`
+    /// frees are deferred until that work has run). Calls in `f` that wait for work queued
+    /// behind `f` on the same stream fail at once with [`Error::InvalidArgument`]: this stream's
+    /// `synchronize`, the synchronous copies through it (`to_vec`, `copy_from_slice`, ...),
+    /// and dropping a [`HostRegistration`](crate::HostRegistration) or a managed buffer with
+    /// such work queued (the drop then leaks the memory and records the error for
+    /// [`take_drop_error`]). A wait that reaches that work only through another stream (a copy
+    /// on a second stream ordered after it) blocks forever. A panic in `f`
     /// is caught and reported by the next [`Stream::synchronize`]. If the work before `f` hit a
     /// device error, `f` is dropped without running (on the CUDA thread) and `synchronize`
     /// reports the error.
