@@ -5,7 +5,8 @@
 //!   distributed adjoint matches `A^H` and passes the dot test; both assemblies (reduce and
 //!   gather) occur;
 //! - errors are agreed on: the rank that fails returns its error, the others `PeerFailed`
-//!   naming it, and the operator keeps working afterwards;
+//!   naming it, and the operator keeps working afterwards; a check failing on one rank only
+//!   is agreed on too, and ranks passing different specs all get `InvalidArgument`;
 //! - `local` specs are checked as `create_batched_linop` checks nested specs, on every rank
 //!   alike: unknown dims are errors, and a local device matrix serves ragged tiles.
 
@@ -227,6 +228,67 @@ fn local_specs_are_checked_like_batched_ones() {
         "places no tile",
     );
     println!("rank {me}: local specs checked");
+}
+
+/// Checks that can fail on one rank only (its own `local` specs) are agreed on: that rank
+/// returns its error and the other `PeerFailed`, where the other used to block for good in the
+/// first collective call. Ranks that pass different batch sizes or base ranks all get
+/// `InvalidArgument` (their messages would not match). Then an operator is still made.
+#[test]
+fn checks_failing_on_one_rank_and_mismatched_specs_are_agreed_on() {
+    if !mpi_common::ranks("checks_failing_on_one_rank_and_mismatched_specs_are_agreed_on", 2) {
+        return;
+    }
+    let universe = mpi::initialize().expect("MPI initialises once");
+    let world = universe.world();
+    let me = world.rank();
+    let host = DeviceSpec::new(Device::Host).unwrap();
+    let w = [1.5f64, -2.0, 3.0, 0.5, 4.0];
+    let op: LinopRef<f64> = Arc::new(
+        Diagonal::new(Array::from_slice(&host, &[5], &w).unwrap(), &["x"], Dims::new(&[("x", 5)]).unwrap())
+            .unwrap(),
+    );
+    let ranks = RankMatrix::one_per_rank(2, Device::Host).unwrap();
+    let hosts = |n: usize| DeviceMatrix::from_devices(&[n], &vec![Device::Host; n]).unwrap();
+    // Rank 1's local matrix has three devices, which no tile fills; rank 0's two are fine.
+    let local = vec![BatchSpec::new(&[("x", 2)]).devices(hosts(if me == 1 { 3 } else { 2 }))];
+    let spec = DistributedBatchSpec::new(&[("x", 4)], ranks.clone()).local(local);
+    let r = create_distributed_linop(Arc::clone(&op), &spec, &world);
+    match me {
+        1 => assert!(
+            matches!(&r, Err(Error::InvalidArgument { what }) if what.contains("places no tile")),
+            "rank 1: {:?}",
+            r.map(drop)
+        ),
+        _ => assert!(matches!(&r, Err(Error::PeerFailed { rank: 1, .. })), "rank 0: {:?}", r.map(drop)),
+    }
+    // Different batch sizes (two tiles either way), then different base ranks.
+    let mismatched = [
+        DistributedBatchSpec::new(&[("x", if me == 0 { 4 } else { 3 })], ranks.clone()),
+        DistributedBatchSpec::new(&[("x", 4)], ranks.clone()).base_rank(me),
+    ];
+    for spec in &mismatched {
+        let r = create_distributed_linop(Arc::clone(&op), spec, &world);
+        assert!(
+            matches!(&r, Err(Error::InvalidArgument { what }) if what.contains("different")),
+            "rank {me}: {:?}",
+            r.map(drop)
+        );
+    }
+    // Different local specs are each rank's own business.
+    let local = vec![BatchSpec::new(&[("x", if me == 0 { 2 } else { 1 })])];
+    let dist = create_distributed_linop(
+        Arc::clone(&op),
+        &DistributedBatchSpec::new(&[("x", 4)], ranks).local(local),
+        &world,
+    )
+    .unwrap_or_else(|e| panic!("rank {me}: {e}"));
+    let x = [2.0f64, 1.0, -1.0, 8.0, 0.25];
+    let xa = Array::from_slice(&host, &[5], &x).unwrap();
+    let got = dist.apply_all((me == 0).then_some(&xa)).unwrap().to_vec().unwrap();
+    let want: Vec<f64> = w.iter().zip(&x).map(|(a, b)| a * b).collect();
+    assert_eq!(got, want, "rank {me}");
+    println!("rank {me}: one-rank failures and mismatched specs agreed on");
 }
 
 /// A rank matrix whose shape product wraps to the number of entries given is an error.

@@ -19,14 +19,15 @@
 //!   is split, else each rank's partial blocks are gathered and summed on the base rank.
 //!   Complex values travel as pairs of reals, so sums are exact complex sums.
 //! - Errors never hang the others: before any data moves the ranks agree (`MPI_Allreduce`)
-//!   on whether every rank's input and tiles succeeded; a failing rank returns its error and
-//!   the others [`Error::PeerFailed`] naming it. A rank that dies outright is MPI's business
-//!   (mpirun ends the job).
+//!   on whether every rank's checks, input and tiles succeeded; a failing rank returns its
+//!   error and the others [`Error::PeerFailed`] naming it. They also agree that they passed
+//!   the same operator dims, batch sizes, rank matrix and base rank (else every rank returns
+//!   [`Error::InvalidArgument`]); `local` specs may differ between ranks. A rank that dies
+//!   outright is MPI's business (mpirun ends the job).
 //! - MPI messages carry at most `i32::MAX` scalars: the broadcast and the sum go in chunks.
 //!   The gather counts bytes in `int`s, so an operator whose gathered partial blocks exceed
 //!   `i32::MAX` bytes is an [`Error::InvalidArgument`] from [`create_distributed_linop`] on
-//!   every rank alike (split the output finer): the ranks decide it from the spec alone,
-//!   before any collective call.
+//!   every rank alike (split the output finer): the ranks decide it from the spec alone.
 //! - `local` specs follow [`create_batched_linop`](crate::linop::create_batched_linop)'s
 //!   rules: every dim must be known to the operator, and their device matrices are checked
 //!   against the grids of all the tiles they split (on every rank, not only the tiles it
@@ -247,16 +248,57 @@ pub struct DistributedLinop<T: Field> {
 ///
 /// [`Error::InvalidArgument`] for a rank outside the communicator, a rank matrix that does
 /// not fit the tile grid, an unknown dim or a batch size of 0 (in the spec or its `local`
-/// specs), a `local` device matrix with an entry no tile uses, or partial output blocks too
-/// large for one gather (more than `i32::MAX` bytes); the errors of splitting and placing the
-/// tiles. All of these but placing are decided alike on every rank before any collective call.
+/// specs), a `local` device matrix with an entry no tile uses, partial output blocks too
+/// large for one gather (more than `i32::MAX` bytes), or ranks that passed operators of
+/// different dims or specs of different batch sizes, rank matrices or base ranks; the errors
+/// of splitting and placing the tiles. A rank whose own checks or placing fail returns its
+/// error, and the others [`Error::PeerFailed`] naming it.
 pub fn create_distributed_linop<T: Field>(
     op: LinopRef<T>,
     spec: &DistributedBatchSpec,
     comm: &impl Communicator,
 ) -> Result<DistributedLinop<T>> {
-    let size = comm.size();
-    let me = comm.rank();
+    // Collective, and it cannot fail on bad input: first, so that every rank reaches the
+    // agreements below whatever its own checks decide (a rank's `local` specs are its own, so
+    // their checks may fail on it alone).
+    let comm = PrivateComm::duplicate(comm);
+    let planned = plan(&op, spec, comm.size(), comm.rank());
+    agree(&comm, planned.as_ref().err(), "checking the operator and spec failed")?;
+    let plan = planned?;
+    agree_on_spec(&comm, spec_fingerprint(&op, spec, std::mem::size_of::<T>()))?;
+    let placed = place_local(plan.mine, &spec.local);
+    agree(&comm, placed.as_ref().err(), "placing its tiles failed")?;
+    let (host, tiles) = placed?;
+    Ok(DistributedLinop {
+        idims: op.idims().clone(),
+        odims: op.odims().clone(),
+        op,
+        spec: spec.clone(),
+        comm,
+        host,
+        tiles,
+        blocks: plan.blocks,
+        rank_blocks: plan.rank_blocks,
+        rank_inputs: plan.rank_inputs,
+        scatter: plan.scatter,
+        assembly: plan.assembly,
+    })
+}
+
+/// What [`plan`] decides: who computes which tiles, and how inputs and results move.
+struct Plan<T: Field> {
+    /// This rank's tiles: (rank-matrix entry, device, tile, output block).
+    mine: Vec<(usize, Device, Tile<T>, usize)>,
+    blocks: Vec<Vec<Range<usize>>>,
+    rank_blocks: Vec<Vec<usize>>,
+    rank_inputs: Vec<Option<Vec<Range<usize>>>>,
+    scatter: bool,
+    assembly: Assembly,
+}
+
+/// Checks `spec` against `op` and a communicator of `size` ranks, splits `op`, and plans the
+/// data movement for rank `me`. No MPI call: a function of its arguments alone.
+fn plan<T: Field>(op: &LinopRef<T>, spec: &DistributedBatchSpec, size: i32, me: i32) -> Result<Plan<T>> {
     if !(0..size).contains(&spec.base_rank) {
         return Err(Error::invalid(format!("base rank {} of a communicator of {size}", spec.base_rank)));
     }
@@ -310,27 +352,42 @@ pub fn create_distributed_linop<T: Field>(
     } else {
         Assembly::Reduce
     };
-    // Everything above is the same on every rank, so every rank returned the same error, if
-    // any, before this first collective call; placing tiles is not (devices differ), so the
-    // ranks agree on it after duplicating the communicator.
-    let comm = PrivateComm::duplicate(comm);
-    let placed = place_local(mine, &spec.local);
-    agree(&comm, placed.as_ref().err(), "placing its tiles failed")?;
-    let (host, tiles) = placed?;
-    Ok(DistributedLinop {
-        idims: op.idims().clone(),
-        odims: op.odims().clone(),
-        op,
-        spec: spec.clone(),
-        comm,
-        host,
-        tiles,
-        blocks,
-        rank_blocks,
-        rank_inputs,
-        scatter,
-        assembly,
-    })
+    Ok(Plan { mine, blocks, rank_blocks, rank_inputs, scatter, assembly })
+}
+
+/// A 64-bit FNV-1a hash of what every rank's plan of the data movement depends on: the
+/// operator's dims, the batch sizes, the rank matrix's shape and ranks, the base rank and the
+/// element size. Not the devices, nor the `local` specs: those are each rank's own business.
+fn spec_fingerprint<T: Field>(op: &LinopRef<T>, spec: &DistributedBatchSpec, elem: usize) -> u64 {
+    let ranks: Vec<i32> = spec.ranks.entries.iter().map(|e| e.rank).collect();
+    let text = format!(
+        "{:?}|{:?}|{:?}|{:?}|{:?}|{}|{elem}",
+        op.idims(),
+        op.odims(),
+        spec.batch_sizes,
+        spec.ranks.shape,
+        ranks,
+        spec.base_rank
+    );
+    text.bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
+}
+
+/// Agrees over `comm` (collective) that every rank's [`spec_fingerprint`] is the same: ranks
+/// planning different messages would mismatch counts (an MPI error that aborts the job) or
+/// wait for messages never sent. Every rank decides alike, from the least and greatest print.
+fn agree_on_spec(comm: &SimpleCommunicator, print: u64) -> Result<()> {
+    // min(!x) is !max(x): one reduction gives both ends.
+    let mine = [print, !print];
+    let mut least = [0u64; 2];
+    comm.all_reduce_into(&mine[..], &mut least[..], SystemOperation::min());
+    if least[0] != !least[1] {
+        return Err(Error::invalid(
+            "the ranks passed operators of different dims, or specs of different batch sizes, rank \
+             matrices or base ranks (every rank must pass the same)",
+        ));
+    }
+    Ok(())
 }
 
 /// This rank's host spec and its tiles placed on their devices (one spec per rank-matrix
@@ -440,13 +497,18 @@ impl<T: Field> DistributedLinop<T> {
         let root = self.comm.process_at_rank(base);
         // 1. The base rank's input, checked, agreed on, then broadcast, or each rank's box
         //    of it sent to that rank.
-        let mut input = vec![T::zero(); self.idims.numel()];
+        //    Only the base rank holds the whole input before the broadcast, and only when
+        //    broadcasting do the others make room for all of it.
+        let mut input = Vec::new();
         let local: Result<()> =
             if me == base { read_input(x, &self.idims).map(|v| input = v) } else { Ok(()) };
         agree(&self.comm, local.as_ref().err(), "its input was rejected")?;
         let (input, input_box) = if self.scatter {
             self.scatter_input::<S>(input)?
         } else {
+            if me != base {
+                input = vec![T::zero(); self.idims.numel()];
+            }
             broadcast(&root, as_scalars_mut::<T, S>(&mut input)?);
             (input, self.idims.sizes().iter().map(|&n| 0..n).collect())
         };

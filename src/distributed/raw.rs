@@ -237,9 +237,11 @@ pub(crate) fn send_and_forget(data: &'static [u8], dest: i32, tag: i32, comm: ff
     // SAFETY: `data` lives forever and is never written.
     let mut request = unsafe { RawRequest::send(data.as_ptr(), data.len(), dest, tag, comm)? };
     // SAFETY: a live request handle; MPI completes a freed send in the background.
-    check("MPI_Request_free", unsafe { ffi::MPI_Request_free(&mut request.handle) })?;
+    let code = unsafe { ffi::MPI_Request_free(&mut request.handle) };
+    // Handed to MPI either way: after a failed free the handle's state is MPI's, and the drop
+    // must not cancel or free it a second time.
     request.done = true;
-    Ok(())
+    check("MPI_Request_free", code)
 }
 
 /// `MPIX_Query_cuda_support()` when the MPI library exports it (Open MPI, MPICH), found with
