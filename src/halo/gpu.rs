@@ -340,6 +340,15 @@ fn build(
         }
         let array_first = base as usize + t.array_offset * t.atom;
         let packed_first = packed as usize + t.packed_offset;
+        // The kernel moves whole pieces of `atom` bytes (typed loads, `cp.async`), which a
+        // misaligned address would fault on. Whole allocations are always aligned; a view at
+        // an odd offset is not.
+        if array_first % t.atom != 0 || packed_first % t.atom != 0 {
+            return Err(Error::invalid(format!(
+                "a halo array or buffer address is not aligned to its {}-byte element pieces",
+                t.atom
+            )));
+        }
         let w = unit_elems(t, array_first, packed_first);
         let units = t.atoms() / w;
         let units_i32 = i32::try_from(units).map_err(|_| too_large("units"))?;
@@ -681,5 +690,22 @@ mod tests {
         let stream = Stream::new(crate::device::Device::Host).unwrap();
         let err = DeviceTable::new(&stream, &plan.pack).unwrap_err();
         assert!(format!("{err}").contains("2^31 - 1"), "{err}");
+    }
+
+    /// An address the kernel's element pieces would not be aligned to is refused when the
+    /// table is built, on either side (the kernel's typed loads and `cp.async` would fault).
+    #[test]
+    fn tables_refuse_misaligned_addresses() {
+        let spec = HaloSpec::contiguous(ElementType::F64, &[6, 5], HorizontalDims::xy(1, 0)).unwrap();
+        let xs = [HaloExchange::new(&spec, &[0..6, 0..1], 0, &[0..6, 4..5]).unwrap()];
+        let plan = Plan::new(&xs, None).unwrap();
+        let aligned = 1usize << 20;
+        for (base, packed, ok) in
+            [(aligned, aligned, true), (aligned + 4, aligned, false), (aligned, aligned + 2, false)]
+        {
+            let bases: Vec<*mut u8> = plan.pack.iter().map(|_| base as *mut u8).collect();
+            let built = build(&plan.pack, &bases, packed as *mut u8);
+            assert_eq!(built.is_ok(), ok, "base {base:#x}, packed {packed:#x}: {:?}", built.map(drop));
+        }
     }
 }
