@@ -1,6 +1,7 @@
 //! The copy section, like nvbandwidth: bandwidth against size for H2D and D2H (pinned and
 //! pageable sources), D2D and peer (the same device when there is only one), with the latency
-//! of small copies. Asynchronous copies are timed with timing events on the stream; the
+//! of small copies. Asynchronous copies are timed with timing events on the stream, each run's
+//! start event queued behind device work so that the interval is the copy's alone; the
 //! pageable ones (synchronous by nature) by wall clock to completion. Ratios are to the largest
 //! pinned copy of the same direction in the same run. The latency of small copies (64 KiB and
 //! less) is wall clock for every kind, from the call to the copy's completion seen by the host
@@ -12,7 +13,7 @@
 
 use cuferry::{copy_range, Device, DeviceBuffer, PinnedBuffer, Result, Stream};
 
-use super::measure::{gbps, median_device_secs, median_device_secs_queued, median_secs, L2Flush};
+use super::measure::{gbps, median_device_secs_queued, median_secs, L2Flush};
 use super::report::Row;
 
 const KIB: usize = 1 << 10;
@@ -72,10 +73,14 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
             })
             .map(Some)
         };
-        // An asynchronous copy: event time, and the small copies' wall time.
-        let timed_async =
+        let mut flush = || flusher.as_mut().map_or(Ok(()), |f| f.queue(&stream));
+        // An asynchronous copy: event time, its start event queued behind device work (the
+        // flush) so that the interval holds the copy alone, not the call that submits it (as
+        // the D2D rows below; a start event on an idle stream counted the submission too); and
+        // the small copies' wall time.
+        let mut timed_async =
             |stream: &Stream, op: &mut dyn FnMut() -> Result<()>| -> Result<(f64, Option<f64>)> {
-                let device_secs = median_device_secs(stream, n, &mut *op)?;
+                let device_secs = median_device_secs_queued(stream, n, &mut flush, &mut *op)?;
                 Ok((device_secs, small_wall(stream, op)?))
             };
         let (s, w) =

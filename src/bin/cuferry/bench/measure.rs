@@ -23,15 +23,11 @@ pub fn gbps(bytes: usize, secs: f64) -> f64 {
 }
 
 /// Times `op` (which queues work on `stream`) with timing events around it: one warm-up, then
-/// `repeats` runs; returns the median device time in seconds.
-pub fn median_device_secs(stream: &Stream, repeats: usize, op: impl FnMut() -> Result<()>) -> Result<f64> {
-    median_device_secs_after(stream, repeats, || Ok(()), op)
-}
-
-/// As [`median_device_secs`], with `before` queued on `stream` ahead of every run and waited
-/// for, outside the timed interval (an L2 flush: [`L2Flush`]). Each run starts on an idle
-/// device, so host launch gaps count as they do without `before` (work queued behind a busy
-/// stream would hide them: the seed's 40 launches measured 134 us that way, 210 us without).
+/// `repeats` runs; returns the median device time in seconds. `before` is queued on `stream`
+/// ahead of every run and waited for, outside the timed interval (an L2 flush: [`L2Flush`]).
+/// Each run starts on an idle device, so host launch gaps count as they do without `before`
+/// (work queued behind a busy stream would hide them: the seed's 40 launches measured 134 us
+/// that way, 210 us without).
 pub fn median_device_secs_after(
     stream: &Stream,
     repeats: usize,

@@ -45,14 +45,33 @@ fn size(bytes: usize) -> String {
     }
 }
 
-fn ratio(r: &Row, of: &Option<(String, f64)>) -> String {
+/// How far past its ceiling a figure may land (run-to-run spread) before the table flags it:
+/// a figure well above its ceiling means the ceiling measured something else (a cache-resident
+/// copy, a smaller working set), so its ratio proves nothing.
+const CEILING_SLACK: f64 = 1.05;
+
+/// The ratio of `r` to `of`, flagged when `of` is the ceiling and `r` is above it by more than
+/// [`CEILING_SLACK`].
+fn ratio(r: &Row, of: &Option<(String, f64)>, is_ceiling: bool) -> String {
     of.as_ref().map_or_else(String::new, |(name, v)| {
+        let above = is_ceiling && above_ceiling(r.unit, r.value, *v);
+        let flag = if above { " (above its ceiling)" } else { "" };
         if r.unit == "us" {
-            format!("{:.1}x faster than {name} ({v:.2} us)", v / r.value)
+            format!("{:.1}x faster than {name} ({v:.2} us){flag}", v / r.value)
         } else {
-            format!("{:.2}x {name} ({v:.1})", r.value / v)
+            format!("{:.2}x {name} ({v:.1}){flag}", r.value / v)
         }
     })
+}
+
+/// Whether `value` beats the ceiling `ceiling` by more than [`CEILING_SLACK`] (for "us", lower
+/// is better).
+fn above_ceiling(unit: &str, value: f64, ceiling: f64) -> bool {
+    if unit == "us" {
+        value * CEILING_SLACK < ceiling
+    } else {
+        value > ceiling * CEILING_SLACK
+    }
 }
 
 /// The rows as a terminal table.
@@ -67,8 +86,8 @@ pub fn table(rows: &[Row]) -> Table {
             size(r.bytes),
             r.params.clone(),
             format!("{:.2} {}", r.value, r.unit),
-            ratio(r, &r.ceiling),
-            ratio(r, &r.baseline),
+            ratio(r, &r.ceiling, true),
+            ratio(r, &r.baseline, false),
         ]);
     }
     t
@@ -92,7 +111,7 @@ pub fn write_json(path: &Path, device: &str, rows: &[Row]) -> std::io::Result<()
 
 #[cfg(test)]
 mod tests {
-    use super::size;
+    use super::{above_ceiling, ratio, size, Row};
 
     #[test]
     fn sizes_keep_their_fraction() {
@@ -101,5 +120,28 @@ mod tests {
         assert_eq!(size(3_640_320), "3.5 MiB");
         assert_eq!(size(1 << 30), "1 GiB");
         assert_eq!(size(3 << 29), "1.5 GiB");
+    }
+
+    #[test]
+    fn figures_above_their_ceiling_are_flagged() {
+        assert!(above_ceiling("GB/s", 42.6, 32.3));
+        assert!(!above_ceiling("GB/s", 33.0, 32.3));
+        assert!(above_ceiling("us", 10.0, 12.0));
+        assert!(!above_ceiling("us", 12.0, 12.4));
+        let row = |value| Row {
+            section: "ring",
+            case: "pageable source".into(),
+            bytes: 1 << 22,
+            params: String::new(),
+            value,
+            unit: "GB/s",
+            ceiling: Some(("16-thread memcpy".into(), 32.3)),
+            baseline: Some(("direct pageable copy".into(), 7.3)),
+        };
+        let high = row(42.6);
+        assert!(ratio(&high, &high.ceiling, true).ends_with("(above its ceiling)"));
+        assert!(!ratio(&high, &high.baseline, false).contains("above"));
+        let fair = row(30.0);
+        assert!(!ratio(&fair, &fair.ceiling, true).contains("above"));
     }
 }
