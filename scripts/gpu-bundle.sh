@@ -16,7 +16,8 @@ rm -rf "$bundle" "$bundle.tgz"
 mkdir -p "$bundle/tests" "$bundle/benches" "$bundle/bin"
 
 list_executables() {
-  # Reads cargo's JSON messages; prints "kind name path" for each executable built.
+  # Reads cargo's JSON messages; prints "kind name path" for each executable built, and every
+  # compiler error's text on stderr (cargo's own stderr is silenced below).
   python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -24,15 +25,19 @@ for line in sys.stdin:
         msg = json.loads(line)
     except ValueError:
         continue
+    if msg.get("reason") == "compiler-message" and msg["message"].get("level") == "error":
+        print(msg["message"].get("rendered") or msg["message"].get("message"), file=sys.stderr)
     exe = msg.get("executable")
     if msg.get("reason") == "compiler-artifact" and exe:
         target = msg["target"]
         kinds = target["kind"]
+        if "example" in kinds:
+            continue
         if "bench" in kinds:
             print("bench", target["name"], exe)
         elif kinds == ["bin"] and not msg["profile"]["test"]:
             print("bin", target["name"], exe)
-        elif kinds == ["lib"]:
+        elif "lib" in kinds or "rlib" in kinds:
             print("test", "unit-lib", exe)
         elif kinds == ["bin"]:
             print("test", "unit-bin-" + target["name"], exe)
@@ -54,13 +59,15 @@ for line in sys.stdin:
   cp "$path" "$dest"
   strip "$dest"
 done
-# The MPI halo test (cubed sphere through pinned staging on CUDA), when MPI is here to build
-# it; run.sh runs it under the GPU machine's mpirun when libmpi loads there.
+# The MPI tests (the cubed sphere through pinned staging on CUDA; the distributed linop), when
+# MPI is here to build them; run.sh runs them under the GPU machine's mpirun when libmpi loads
+# there.
+mpi_tests=(mpi_halo mpi_linop)
 if command -v mpicc >/dev/null 2>&1; then
   mkdir -p "$bundle/mpi"
-  cargo test --release --no-run --features mpi --test mpi_halo --message-format=json 2>/dev/null \
+  cargo test --release --no-run --features mpi "${mpi_tests[@]/#/--test=}" --message-format=json 2>/dev/null \
     | list_executables | while read -r kind name path; do
-      if [ "$kind" = test ] && [ "$name" = mpi_halo ]; then
+      if [ "$kind" = test ] && [[ " ${mpi_tests[*]} " == *" $name "* ]]; then
         cp "$path" "$bundle/mpi/$name"
         strip "$bundle/mpi/$name"
       fi
@@ -68,6 +75,21 @@ if command -v mpicc >/dev/null 2>&1; then
 fi
 # The drift tests need the sources; they have nothing to do on a GPU.
 rm -f "$bundle/tests/sys_bindings" "$bundle/tests/c_header"
+# Every integration test must travel: a test binary missing here would never run on a GPU.
+missing=()
+for source in tests/*.rs; do
+  name=$(basename "$source" .rs)
+  case "$name" in
+    sys_bindings | c_header) continue ;;
+    mpi_*) command -v mpicc >/dev/null 2>&1 || continue; where=mpi ;;
+    *) where=tests ;;
+  esac
+  [ -x "$bundle/$where/$name" ] || missing+=("$where/$name")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "gpu-bundle: test executables missing from the bundle: ${missing[*]}" >&2
+  exit 1
+fi
 # The C and Python consumers: the cdylib, the public header and their sources.
 cargo build --release --lib --quiet
 mkdir -p "$bundle/lib" "$bundle/src/include" "$bundle/src/tests"
