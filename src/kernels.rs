@@ -94,9 +94,11 @@ pub fn fill_pattern_u32<M: Memory<u32> + ?Sized>(stream: &Stream, dst: &mut M, s
 ///
 /// # Errors
 ///
-/// As [`fill_pattern_u32`].
+/// As [`fill_pattern_u32`]; [`Error::InvalidArgument`] when called from a job of `stream` (a
+/// host stream: the sum would wait for itself), before anything is queued.
 pub fn sum_u32<M: Memory<u32> + ?Sized>(stream: &Stream, src: &M) -> Result<u64> {
     check_reachable(stream, src.kind())?;
+    stream.refuse_blocking_call_from_own_job("sum_u32, which waits for its result,")?;
     let parts = src.raw_parts();
     let (ptr, n) = (parts.ptr.cast::<u32>(), src.len());
     match stream.device() {

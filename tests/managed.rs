@@ -538,3 +538,34 @@ fn the_pattern_is_the_written_formula() {
     assert_ne!(pattern_value(3, 1), pattern_value(3, 2), "elements differ");
     assert_ne!(pattern_value(3, 1), pattern_value(4, 1), "seeds differ");
 }
+
+/// A host-pool buffer allocated, read and dropped inside a job of its allocation stream: no
+/// work was ever queued on it, so the read succeeds and the drop frees it. It used to wait for
+/// the stream's "allocation point" (the job itself): the read failed, and the drop leaked the
+/// memory and recorded a `DropFailed` (a review's reproduction).
+#[test]
+fn a_host_pool_buffer_is_usable_in_a_job_of_its_stream() {
+    let stream = Stream::new(Device::Host).unwrap();
+    let pool = pool(Device::Host);
+    let (report, outcome) = std::sync::mpsc::channel();
+    let (own, in_job) = (stream.clone(), pool.clone());
+    stream
+        .host_fn(move || {
+            let result = (|| -> cuferry::Result<(usize, Option<String>)> {
+                let b = in_job.alloc::<u32>(16, &own)?;
+                let read = b.as_slice()?.iter().filter(|&&x| x == 0).count();
+                drop(b);
+                let leaked = cuferry::take_drop_error()
+                    .filter(|e| matches!(e, Error::InvalidArgument { what } if what.contains("wait forever")))
+                    .map(|e| e.to_string());
+                Ok((read, leaked))
+            })();
+            let _ = report.send(result);
+        })
+        .unwrap();
+    let (read, leaked) = outcome.recv_timeout(std::time::Duration::from_secs(10)).unwrap().unwrap();
+    stream.synchronize().unwrap();
+    assert_eq!(read, 16, "the zeroed buffer read back");
+    assert!(leaked.is_none(), "the drop leaked the buffer: {leaked:?}");
+    assert_eq!(pool.stats().unwrap().used_current, 0, "the pool still counts the dropped buffer");
+}

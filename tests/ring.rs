@@ -548,6 +548,35 @@ fn one_blocked_acquire_counts_one_wait(device: Device) {
     drop(held);
 }
 
+/// A release that fails (here: a custom backend's panic) from a job of the consumer's own
+/// host stream gives the slot back behind the consumer's queued work instead of waiting on the
+/// host for that stream, which is waiting for the job itself: the ring's fallback hung the
+/// stream's worker for good (a review's reproduction). Then the ring goes on.
+#[test]
+fn a_failed_release_in_a_job_of_the_consumer_stream_returns_the_slot_in_order() {
+    let ring = flaky_ring(Device::Host, FlakyBackend::panic_once_in_release);
+    let consumer = Stream::new(Device::Host).unwrap();
+    publish(&ring, 0, 0);
+    let (report, unwound) = std::sync::mpsc::channel();
+    let (own, in_job) = (consumer.clone(), ring.clone());
+    consumer
+        .host_fn(move || {
+            let slot = in_job.next(&own).unwrap();
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| slot.release()));
+            let _ = report.send(result.is_err());
+        })
+        .unwrap();
+    let Ok(unwound) = unwound.recv_timeout(Duration::from_secs(10)) else {
+        std::mem::forget((consumer, ring));
+        panic!("a release failing in a job of the consumer stream never returned");
+    };
+    assert!(unwound, "the injected panic did not happen");
+    consumer.synchronize().unwrap();
+    assert_eq!(ring.stats().occupancy, 0, "{:?}", ring.stats());
+    publish(&ring, 0, 1);
+    check_slot(&ring.next_timeout(&consumer, Duration::from_secs(5)).unwrap(), &consumer, 0);
+}
+
 /// `host_bytes` never hands out more bytes than the slot's memory holds, even when a custom
 /// backend (safe code) overstates its slot size and so lets a longer publish through.
 #[test]

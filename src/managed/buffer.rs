@@ -104,7 +104,14 @@ impl ManagedPool {
             ptr,
             len,
             id: NEXT_ALLOCATION.fetch_add(1, Ordering::Relaxed),
-            tracker: UseTracker::with_origin(stream.clone()),
+            // Only the stream-ordered pool's memory becomes usable at a point of `stream`; the
+            // host pool's and cudaMallocManaged's are usable at once (their zeroing, if any, is
+            // a tracked write). An origin there made a host read wait for the stream, which
+            // from a job of that stream failed and leaked the buffer.
+            tracker: match self.inner.kind {
+                PoolKind::ManagedPool => UseTracker::with_origin(stream.clone()),
+                _ => UseTracker::default(),
+            },
             _element: PhantomData,
         })
     }

@@ -241,9 +241,12 @@ const FOREVER: Duration = Duration::from_secs(3600 * 24 * 365);
 
 /// Gives a device slot back to the free queue when dropped, on every path (errors and panics
 /// of a custom backend included), first waiting on the host for `wait_for` when it is set
-/// (the consumer's stream, when no consumed point was recorded). `defuse` keeps the slot.
+/// (the consumer's stream, when no consumed point was recorded). From a job of that stream
+/// the wait would wait for itself: the slot then goes back in a job queued on the stream,
+/// behind everything the consumer queued (leaked if that cannot be queued). `defuse` keeps
+/// the slot.
 struct DeviceSlotReturn<'a> {
-    shared: &'a Shared,
+    shared: &'a Arc<Shared>,
     device: usize,
     wait_for: Option<&'a Stream>,
     armed: bool,
@@ -261,6 +264,13 @@ impl Drop for DeviceSlotReturn<'_> {
             return;
         }
         if let Some(stream) = self.wait_for {
+            if stream.refuse_blocking_call_from_own_job("returning a ring slot").is_err() {
+                let (shared, device) = (Arc::clone(self.shared), self.device);
+                // A slot that cannot be returned in stream order stays out of the ring (its
+                // occupancy with it) rather than race the consumer's queued work.
+                let _ = stream.host_fn(move || shared.return_device(device));
+                return;
+            }
             // Only a host wait keeps the next upload from racing the consumer's work. Errors
             // stay on the stream for its owner.
             let _ = stream.wait_idle();
