@@ -168,6 +168,21 @@ fn distributed_errors_are_agreed_on_every_rank() {
     println!("rank {me}: errors agreed on");
 }
 
+/// The weights of [`diagonal_of_five`].
+const FIVE_WEIGHTS: [f64; 5] = [1.5, -2.0, 3.0, 0.5, 4.0];
+
+/// A diagonal operator of [`FIVE_WEIGHTS`] over one dim `x` of size 5 (ragged when split by 4).
+fn diagonal_of_five(host: &DeviceSpec) -> LinopRef<f64> {
+    Arc::new(
+        Diagonal::new(
+            Array::from_slice(host, &[5], &FIVE_WEIGHTS).unwrap(),
+            &["x"],
+            Dims::new(&[("x", 5)]).unwrap(),
+        )
+        .unwrap(),
+    )
+}
+
 /// `local` specs follow `create_batched_linop`'s rules on every rank: a dim the operator does
 /// not know is an error everywhere (it used to be ignored), and a local device matrix is
 /// judged by all the tiles it serves, so the rank holding the ragged tile places it too.
@@ -180,12 +195,8 @@ fn local_specs_are_checked_like_batched_ones() {
     let world = universe.world();
     let me = world.rank();
     let host = DeviceSpec::new(Device::Host).unwrap();
-    let w = [1.5f64, -2.0, 3.0, 0.5, 4.0];
     let x = [2.0f64, 1.0, -1.0, 8.0, 0.25];
-    let op: LinopRef<f64> = Arc::new(
-        Diagonal::new(Array::from_slice(&host, &[5], &w).unwrap(), &["x"], Dims::new(&[("x", 5)]).unwrap())
-            .unwrap(),
-    );
+    let op = diagonal_of_five(&host);
     let ranks = RankMatrix::one_per_rank(2, Device::Host).unwrap();
     let hosts = |n: usize| DeviceMatrix::from_devices(&[n], &vec![Device::Host; n]).unwrap();
     let spec = |local: Vec<BatchSpec>| DistributedBatchSpec::new(&[("x", 4)], ranks.clone()).local(local);
@@ -216,7 +227,7 @@ fn local_specs_are_checked_like_batched_ones() {
     .unwrap_or_else(|e| panic!("rank {me}: {e}"));
     let xa = Array::from_slice(&host, &[5], &x).unwrap();
     let got = dist.apply_all((me == 0).then_some(&xa)).unwrap().to_vec().unwrap();
-    let want: Vec<f64> = w.iter().zip(&x).map(|(a, b)| a * b).collect();
+    let want: Vec<f64> = FIVE_WEIGHTS.iter().zip(&x).map(|(a, b)| a * b).collect();
     assert_eq!(got, want, "rank {me}");
     // Three local devices: no tile has three local tiles, on any rank.
     invalid(
@@ -243,11 +254,7 @@ fn checks_failing_on_one_rank_and_mismatched_specs_are_agreed_on() {
     let world = universe.world();
     let me = world.rank();
     let host = DeviceSpec::new(Device::Host).unwrap();
-    let w = [1.5f64, -2.0, 3.0, 0.5, 4.0];
-    let op: LinopRef<f64> = Arc::new(
-        Diagonal::new(Array::from_slice(&host, &[5], &w).unwrap(), &["x"], Dims::new(&[("x", 5)]).unwrap())
-            .unwrap(),
-    );
+    let op = diagonal_of_five(&host);
     let ranks = RankMatrix::one_per_rank(2, Device::Host).unwrap();
     let hosts = |n: usize| DeviceMatrix::from_devices(&[n], &vec![Device::Host; n]).unwrap();
     // Rank 1's local matrix has three devices, which no tile fills; rank 0's two are fine.
@@ -286,7 +293,7 @@ fn checks_failing_on_one_rank_and_mismatched_specs_are_agreed_on() {
     let x = [2.0f64, 1.0, -1.0, 8.0, 0.25];
     let xa = Array::from_slice(&host, &[5], &x).unwrap();
     let got = dist.apply_all((me == 0).then_some(&xa)).unwrap().to_vec().unwrap();
-    let want: Vec<f64> = w.iter().zip(&x).map(|(a, b)| a * b).collect();
+    let want: Vec<f64> = FIVE_WEIGHTS.iter().zip(&x).map(|(a, b)| a * b).collect();
     assert_eq!(got, want, "rank {me}");
     println!("rank {me}: one-rank failures and mismatched specs agreed on");
 }
