@@ -664,9 +664,10 @@ enum CuferryStatus cuferry_managed_prefetch(const void *ptr,
                                             void *stream);
 
 /**
- * Prefetches `count` ranges to `location` in ONE batched call, queued on `stream` (on the
- * legacy default stream, NULL, CUDA allows no batch: one call per range there). `count` is at
- * most `CUFERRY_MANAGED_MAX_BATCH` (`CUFERRY_STATUS_INVALID_ARGUMENT` beyond).
+ * Prefetches `count` ranges to `location` in ONE batched call, queued on `stream`. CUDA allows
+ * no batch on the legacy default stream (NULL or `cudaStreamLegacy`) or on a machine where
+ * any device lacks `concurrentManagedAccess`: there it is one call per range, in order.
+ * `count` is at most `CUFERRY_MANAGED_MAX_BATCH` (`CUFERRY_STATUS_INVALID_ARGUMENT` beyond).
  *
  * # Safety
  *

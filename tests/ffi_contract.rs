@@ -175,6 +175,33 @@ fn managed_batches_refuse_garbage_counts() {
     unsafe { cuferry_managed_free(p, 64, CUFERRY_HOST, ptr::null_mut()) };
 }
 
+/// Advice and locations CUDA refuses whatever the memory are refused on the host pool too
+/// (INVALID_ARGUMENT), so a C program tested without a GPU does not pass code that fails on
+/// one: accessed-by naming a NUMA node, a negative NUMA node.
+#[test]
+fn managed_advice_is_checked_as_cuda_checks_it() {
+    // SAFETY: a plain allocation on the host pool.
+    let p = unsafe { cuferry_managed_malloc(64, CUFERRY_HOST, ptr::null_mut()) };
+    assert!(!p.is_null());
+    let numa = |id| CuferryLocation { kind: CUFERRY_LOCATION_HOST_NUMA, id };
+    let host = CuferryLocation { kind: CUFERRY_LOCATION_HOST, id: 0 };
+    let advise = |advice, location| {
+        // SAFETY: the range is the live allocation above.
+        unsafe { cuferry_managed_advise(p.cast_const(), 64, advice, location) }
+    };
+    for advice in [CUFERRY_ADVISE_SET_ACCESSED_BY, CUFERRY_ADVISE_UNSET_ACCESSED_BY] {
+        assert_eq!(advise(advice, numa(0)), CuferryStatus::InvalidArgument, "advice {advice}");
+        assert_eq!(advise(advice, host), CuferryStatus::Ok, "advice {advice}");
+    }
+    assert_eq!(advise(CUFERRY_ADVISE_SET_PREFERRED_LOCATION, numa(-1)), CuferryStatus::InvalidArgument);
+    assert_eq!(advise(CUFERRY_ADVISE_SET_PREFERRED_LOCATION, numa(0)), CuferryStatus::Ok);
+    // SAFETY: the range is the live allocation above.
+    let status = unsafe { cuferry_managed_prefetch(p.cast_const(), 64, numa(-1), ptr::null_mut()) };
+    assert_eq!(status, CuferryStatus::InvalidArgument);
+    // SAFETY: allocated above, no use pending.
+    unsafe { cuferry_managed_free(p, 64, CUFERRY_HOST, ptr::null_mut()) };
+}
+
 /// The same empty exchange through the C ABI: a zero extent with huge other extents builds a
 /// packer (status OK), not a caught overflow panic (debug builds).
 #[test]

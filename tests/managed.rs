@@ -102,6 +102,20 @@ fn bad_arguments(device: Device) {
         assert!(matches!(buf.prefetch(Location::Device(0), &stream), Err(Error::Unsupported { .. })));
         assert!(matches!(buf.advise_preferred_location(Location::Device(0)), Err(Error::Unsupported { .. })));
     }
+    // What CUDA refuses whatever the memory is refused on every backend: accessed-by advice
+    // naming a NUMA node, and a negative NUMA node anywhere.
+    for numa in [Location::HostNuma(0), Location::HostNumaCurrent] {
+        let got = buf.advise_accessed_by(numa);
+        assert!(matches!(got, Err(Error::InvalidArgument { .. })), "{numa:?}: {got:?}");
+        let got = buf.advise(Advice::UnsetAccessedBy(numa));
+        assert!(matches!(got, Err(Error::InvalidArgument { .. })), "{numa:?}: {got:?}");
+    }
+    let got = buf.advise_preferred_location(Location::HostNuma(-1));
+    assert!(matches!(got, Err(Error::InvalidArgument { .. })), "{got:?}");
+    let got = buf.prefetch(Location::HostNuma(-1), &stream);
+    assert!(matches!(got, Err(Error::InvalidArgument { .. })), "{got:?}");
+    let got = prefetch_each(&[(buf.range(), Location::HostNuma(-2))], &stream);
+    assert!(matches!(got, Err(Error::InvalidArgument { .. })), "{got:?}");
 }
 
 /// Views of one allocation count once; distinct allocations add up; grouping by location works.
@@ -290,25 +304,41 @@ fn a_size_limit_is_kept(device: Device) {
     }
 }
 
-/// A `prefetch_each` that sends the same bytes to two locations is refused (CUDA does not
-/// order the operations of one batch); disjoint parts of one allocation may go to two.
-fn the_same_bytes_to_two_locations_are_refused(device: Device) {
+/// The same bytes, or the same CPU page, sent to two locations in one call are refused: CUDA
+/// rounds each prefetch out to whole pages and leaves the order within a batch undefined.
+/// Parts of one allocation on different pages may go to two locations.
+fn the_same_page_to_two_locations_is_refused(device: Device) {
     let pool = pool(device);
     let stream = Stream::new(device).unwrap();
-    let a = pool.alloc::<u32>(1024, &stream).unwrap();
     let here = Location::of(device);
     let elsewhere = if device.is_host() { Location::HostNumaCurrent } else { Location::Host };
     if !pool.capabilities().concurrent_managed_access && !device.is_host() {
         common::skip_missing(&format!("{device} lacks concurrentManagedAccess"));
         return;
     }
+    // SAFETY: sysconf reads a system constant.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap();
+    let a = pool.alloc::<u8>(3 * page, &stream).unwrap();
     let both = prefetch_each(&[(a.range(), here), (a.subrange(1000..1024).unwrap(), elsewhere)], &stream);
     assert!(matches!(both, Err(Error::InvalidArgument { .. })), "{both:?}");
-    let split = prefetch_each(
-        &[(a.subrange(0..512).unwrap(), here), (a.subrange(512..1024).unwrap(), elsewhere)],
+    // The first page boundary inside `a`, and a split of one page on either side of it.
+    let boundary = (a.as_ptr() as usize).next_multiple_of(page) - a.as_ptr() as usize;
+    let near = prefetch_each(
+        &[
+            (a.subrange(boundary..boundary + 8).unwrap(), here),
+            (a.subrange(boundary + 8..boundary + 16).unwrap(), elsewhere),
+        ],
         &stream,
     );
-    assert_eq!(split.unwrap(), 4096, "disjoint halves to two locations");
+    assert!(matches!(near, Err(Error::InvalidArgument { .. })), "disjoint bytes of one page: {near:?}");
+    let split = prefetch_each(
+        &[
+            (a.subrange(0..boundary + page).unwrap(), here),
+            (a.subrange(boundary + page..3 * page).unwrap(), elsewhere),
+        ],
+        &stream,
+    );
+    assert_eq!(split.unwrap(), 3 * page, "parts on different pages to two locations");
     stream.synchronize().unwrap();
 }
 
@@ -412,7 +442,7 @@ on_both_backends! {
     bulk_round_trip => bulk_round_trip;
     stats_snapshots_are_consistent => stats_snapshots_are_consistent;
     a_size_limit_is_kept => a_size_limit_is_kept;
-    the_same_bytes_to_two_locations_are_refused => the_same_bytes_to_two_locations_are_refused;
+    the_same_page_to_two_locations_is_refused => the_same_page_to_two_locations_is_refused;
 }
 
 #[test]

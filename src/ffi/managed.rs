@@ -31,7 +31,7 @@ use crate::cuda::device::DeviceScope;
 use crate::cuda::managed::{self as raw, Batch};
 use crate::cuda::stream::RawStream;
 use crate::error::{Error, Result};
-use crate::managed::advice_refused;
+use crate::managed::{advice_refused, device_lacking_concurrent_access};
 use crate::managed::{Advice, Location, ManagedPool, ManagedPoolOptions, PoolKind};
 
 /// Location kind: a CUDA device (`id` is its ordinal).
@@ -84,14 +84,18 @@ fn location_of(l: CuferryLocation) -> Result<Location> {
     match l.kind {
         CUFERRY_LOCATION_DEVICE if l.id >= 0 => Ok(Location::Device(l.id as u32)),
         CUFERRY_LOCATION_HOST => Ok(Location::Host),
-        CUFERRY_LOCATION_HOST_NUMA => Ok(Location::HostNuma(l.id)),
+        CUFERRY_LOCATION_HOST_NUMA => {
+            let location = Location::HostNuma(l.id);
+            location.check("location")?;
+            Ok(location)
+        }
         CUFERRY_LOCATION_HOST_NUMA_CURRENT => Ok(Location::HostNumaCurrent),
         k => Err(Error::invalid(format!("location kind {k} (id {})", l.id))),
     }
 }
 
 fn advice_of(advice: i32, location: CuferryLocation) -> Result<Advice> {
-    Ok(match advice {
+    let advice = match advice {
         CUFERRY_ADVISE_SET_READ_MOSTLY => Advice::SetReadMostly,
         CUFERRY_ADVISE_UNSET_READ_MOSTLY => Advice::UnsetReadMostly,
         CUFERRY_ADVISE_SET_PREFERRED_LOCATION => Advice::SetPreferredLocation(location_of(location)?),
@@ -99,7 +103,9 @@ fn advice_of(advice: i32, location: CuferryLocation) -> Result<Advice> {
         CUFERRY_ADVISE_SET_ACCESSED_BY => Advice::SetAccessedBy(location_of(location)?),
         CUFERRY_ADVISE_UNSET_ACCESSED_BY => Advice::UnsetAccessedBy(location_of(location)?),
         a => return Err(Error::invalid(format!("advice {a}"))),
-    })
+    };
+    advice.check()?;
+    Ok(advice)
 }
 
 /// One pool per device number, made on first use.
@@ -113,6 +119,8 @@ fn pool_for(device: i32) -> Result<ManagedPool> {
     if let Some(p) = pools.get(&device) {
         return Ok(p.clone());
     }
+    // Making a CUDA pool sets its device current: the caller's current device is restored.
+    let _scope = device_scope(device)?;
     let pool = ManagedPool::new(device_of(device)?, ManagedPoolOptions::default())?;
     pools.insert(device, pool.clone());
     Ok(pool)
@@ -341,9 +349,16 @@ unsafe fn ranges_of(
     Ok(ranges)
 }
 
-/// Prefetches `count` ranges to `location` in ONE batched call, queued on `stream` (on the
-/// legacy default stream, NULL, CUDA allows no batch: one call per range there). `count` is at
-/// most `CUFERRY_MANAGED_MAX_BATCH` (`CUFERRY_STATUS_INVALID_ARGUMENT` beyond).
+/// Whether `stream` names the legacy default stream: NULL, or the runtime's
+/// `cudaStreamLegacy` handle (`(cudaStream_t)0x1`).
+fn is_legacy_stream(stream: *mut c_void) -> bool {
+    stream.is_null() || stream as usize == 1
+}
+
+/// Prefetches `count` ranges to `location` in ONE batched call, queued on `stream`. CUDA allows
+/// no batch on the legacy default stream (NULL or `cudaStreamLegacy`) or on a machine where
+/// any device lacks `concurrentManagedAccess`: there it is one call per range, in order.
+/// `count` is at most `CUFERRY_MANAGED_MAX_BATCH` (`CUFERRY_STATUS_INVALID_ARGUMENT` beyond).
 ///
 /// # Safety
 ///
@@ -368,9 +383,10 @@ pub unsafe extern "C" fn cuferry_managed_prefetch_batch(
             return host_only(loc, "prefetch");
         }
         let location = loc.raw()?;
-        if stream.is_null() {
-            // CUDA refuses batched prefetches on the legacy default stream: one call per range
-            // keeps the caller's ordering there.
+        if is_legacy_stream(stream) || device_lacking_concurrent_access()?.is_some() {
+            // CUDA refuses batched prefetches on the legacy default stream, and on a machine
+            // where any device lacks concurrentManagedAccess: one call per range keeps the
+            // caller's ordering there.
             for &(p, n) in &ranges {
                 // SAFETY: every range is managed memory (checked) kept allocated by the caller.
                 unsafe { raw::prefetch_async(p, n, location, raw_stream(stream)) }?;

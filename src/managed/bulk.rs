@@ -4,13 +4,20 @@
 //! Rules:
 //! - Ranges of one allocation are merged (overlaps and neighbours), so an allocation shared by
 //!   several views is counted, and moved, once. Each call returns the bytes it touched. A
-//!   [`prefetch_each`] that sends the same bytes to two locations is refused: CUDA does not
-//!   order the operations of one batch, so where they ended up would be undefined.
+//!   [`prefetch_each`] that sends the same CPU page to two locations is refused: CUDA rounds
+//!   every prefetch out to whole CPU pages and does not order the operations of one batch, so
+//!   where the page ended up would be undefined. Small allocations of a pool may share a page,
+//!   so two of them can meet this rule too.
 //! - Prefetches are grouped by location into one `cudaMemPrefetchBatchAsync`; a set that merges
 //!   into a single range uses `cudaMemPrefetchAsync`. Sets of 8 ranges or more (not discards)
 //!   are instead spread over 4 helper streams of the device, one `cudaMemPrefetchAsync` each,
 //!   after the caller's stream and before its next work (events both ways): the driver migrates
-//!   the streams' ranges in parallel, 2.7x faster than one batched call on an H100.
+//!   the streams' ranges in parallel, 2.7x faster than one batched call on an H100. CUDA's
+//!   batched calls need `concurrentManagedAccess` on every device of the machine; where one
+//!   lacks it, a prefetch of 2 to 7 ranges is a loop of `cudaMemPrefetchAsync` on the
+//!   caller's stream instead, and a discard is [`Error::Unsupported`].
+//! - Advice is checked as CUDA checks it, on the host backend too: accessed-by advice names a
+//!   device or the host (not a NUMA node), and no location names a negative NUMA node.
 //! - Queued operations are ordered with every range's buffer (use tracking), so a prefetch runs
 //!   after earlier writes and before later reads, whatever stream those were on.
 //! - All ranges of a call come from CUDA pools, or all from host pools; mixing is an error.
@@ -66,6 +73,9 @@ impl<'a> ManagedRange<'a> {
 
 /// Whether the ranges live in CUDA pools (true) or host pools (false), after the checks.
 fn backend_of(ranges: &[ManagedRange<'_>], what: &str, location: Option<Location>) -> Result<bool> {
+    if let Some(l) = location {
+        l.check(what)?;
+    }
     let cuda = ranges.iter().any(|r| r.pool.kind != PoolKind::Host);
     if cuda && ranges.iter().any(|r| r.pool.kind == PoolKind::Host) {
         return Err(Error::invalid(format!("{what}: host-pool and CUDA-pool ranges in one call")));
@@ -89,27 +99,94 @@ fn backend_of(ranges: &[ManagedRange<'_>], what: &str, location: Option<Location
 /// pools' (CUDA's rule for `cudaMemDiscardBatchAsync` and the combined call): checked here so
 /// a mixed machine gets [`Error::Unsupported`] naming the device, not a raw CUDA error.
 fn check_every_device_for_discard(what: &str) -> Result<()> {
-    check_every_device_for_discard_with(
-        what,
-        Device::try_cuda_count()?,
-        crate::cuda::device::concurrent_managed_access,
-    )
+    match device_lacking_concurrent_access()? {
+        Some(i) => Err(Error::unsupported(format!(
+            "{what} needs concurrentManagedAccess on every device of the machine, which cuda:{i} lacks"
+        ))),
+        None => Ok(()),
+    }
 }
 
-/// [`check_every_device_for_discard`] with the device count and capability lookup given (tests).
-fn check_every_device_for_discard_with(
-    what: &str,
-    count: u32,
-    concurrent: impl Fn(u32) -> Result<bool>,
-) -> Result<()> {
+/// The first CUDA device of the machine without `concurrentManagedAccess`, if any: CUDA
+/// refuses every batched prefetch or discard on such a machine, whatever devices the memory
+/// and the stream belong to.
+pub(crate) fn device_lacking_concurrent_access() -> Result<Option<u32>> {
+    first_device_lacking(Device::try_cuda_count()?, crate::cuda::device::concurrent_managed_access)
+}
+
+/// [`device_lacking_concurrent_access`] with the device count and capability lookup given
+/// (tests).
+fn first_device_lacking(count: u32, concurrent: impl Fn(u32) -> Result<bool>) -> Result<Option<u32>> {
     for i in 0..count {
         if !concurrent(i)? {
-            return Err(Error::unsupported(format!(
-                "{what} needs concurrentManagedAccess on every device of the machine, which cuda:{i} lacks"
-            )));
+            return Ok(Some(i));
         }
     }
-    Ok(())
+    Ok(None)
+}
+
+/// How a set of merged prefetch ranges is queued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PrefetchPlan {
+    /// One `cudaMemPrefetchAsync`.
+    Single,
+    /// One batched call (`cudaMemPrefetchBatchAsync`, or the discard-and-prefetch one).
+    Batch,
+    /// One `cudaMemPrefetchAsync` per range, spread over the helper streams.
+    FanOut,
+    /// One `cudaMemPrefetchAsync` per range on the caller's stream (no batch allowed).
+    Loop,
+}
+
+impl PrefetchPlan {
+    /// The plan for `ranges` merged ranges; `batch_allowed`: every device of the machine has
+    /// `concurrentManagedAccess` (a discard has been refused before otherwise).
+    fn choose(ranges: usize, discard: bool, batch_allowed: bool) -> PrefetchPlan {
+        match (discard, ranges) {
+            (true, _) => PrefetchPlan::Batch,
+            (false, 1) => PrefetchPlan::Single,
+            (false, n) if n >= FAN_OUT_MIN_RANGES => PrefetchPlan::FanOut,
+            (false, _) if batch_allowed => PrefetchPlan::Batch,
+            (false, _) => PrefetchPlan::Loop,
+        }
+    }
+}
+
+/// The host's page size: the unit CUDA rounds prefetches and advice out to.
+fn cpu_page_size() -> usize {
+    static PAGE: OnceLock<usize> = OnceLock::new();
+    *PAGE.get_or_init(|| {
+        // SAFETY: sysconf reads a system constant; it has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        usize::try_from(page).ok().filter(|p| p.is_power_of_two()).unwrap_or(4096)
+    })
+}
+
+/// The first address that two groups of spans (one group per location, each span
+/// `(address, bytes)`) both reach once every span is rounded out to whole pages of `page`
+/// bytes (a power of two), if any.
+fn first_shared_page(groups: &[Vec<(usize, usize)>], page: usize) -> Option<usize> {
+    let mut all = Vec::new();
+    for spans in groups {
+        // Rounded, then merged within the group: the group's pages as disjoint intervals.
+        let mut rounded: Vec<(usize, usize)> = spans
+            .iter()
+            .map(|&(p, n)| (p & !(page - 1), (p + n).div_ceil(page).saturating_mul(page)))
+            .collect();
+        rounded.sort_unstable();
+        let mut merged: Vec<(usize, usize)> = Vec::new();
+        for (s, e) in rounded {
+            match merged.last_mut() {
+                Some(last) if s <= last.1 => last.1 = last.1.max(e),
+                _ => merged.push((s, e)),
+            }
+        }
+        all.extend(merged);
+    }
+    // Each group's intervals are disjoint, so any overlap is between two groups, and an
+    // interval overlapping a later one overlaps its successor in start order too.
+    all.sort_unstable();
+    all.windows(2).find(|w| w[1].0 < w[0].1).map(|w| w[1].0)
 }
 
 /// The host backend's discard: overwrites the merged spans with [`DISCARDED_BYTE`] in a job
@@ -278,10 +355,10 @@ fn prefetch_grouped(items: &[(ManagedRange<'_>, Location)], stream: &Stream, dis
     }
     let mut batch = Batch { ptrs: Vec::new(), sizes: Vec::new(), locations: Vec::new(), starts: Vec::new() };
     let mut total = 0;
-    let mut spans = Vec::new(); // every group's merged (address, bytes), to check for overlaps
+    let mut spans = Vec::new(); // each group's merged (address, bytes), to check for shared pages
     for (location, group) in &groups {
         let (merged, bytes) = merge(group.iter().copied());
-        spans.extend(merged.iter().map(|&(p, n)| (p as usize, n)));
+        spans.push(merged.iter().map(|&(p, n)| (p as usize, n)).collect::<Vec<_>>());
         batch.starts.push(batch.ptrs.len());
         batch.locations.push(location.raw()?);
         for (p, n) in merged {
@@ -290,13 +367,11 @@ fn prefetch_grouped(items: &[(ManagedRange<'_>, Location)], stream: &Stream, dis
         }
         total += bytes;
     }
-    // Within a group the spans are merged, and allocations never share addresses: an overlap
-    // is the same bytes sent to two locations.
-    spans.sort_unstable();
-    if let Some(w) = spans.windows(2).find(|w| w[1].0 < w[0].0 + w[0].1) {
+    let page = cpu_page_size();
+    if let Some(address) = first_shared_page(&spans, page) {
         return Err(Error::invalid(format!(
-            "{what}: the bytes at {:#x} are sent to two locations in one call",
-            w[1].0
+            "{what}: the page at {address:#x} is sent to two locations in one call (CUDA moves \
+             whole pages of {page} bytes and leaves the order of one batch undefined)"
         )));
     }
     if batch.ptrs.is_empty() {
@@ -314,15 +389,16 @@ fn prefetch_grouped(items: &[(ManagedRange<'_>, Location)], stream: &Stream, dis
         check_every_device_for_discard(what)?;
     }
     let raw_stream = stream.cuda_raw()?;
-    let fan_out = !discard && batch.ptrs.len() >= FAN_OUT_MIN_RANGES;
+    let batch_allowed = discard || device_lacking_concurrent_access()?.is_none();
+    let plan = PrefetchPlan::choose(batch.ptrs.len(), discard, batch_allowed);
     UseTracker::use_on(stream, &trackers(&ranges), || {
-        if fan_out {
+        if plan == PrefetchPlan::FanOut {
             // SAFETY: as below; the caller's stream waits for every helper stream's part.
             return unsafe { fan_out_prefetch(&batch, stream) };
         }
         // SAFETY: every range is inside a live allocation whose tracker records this batch,
         // so it is not freed before the stream has run it.
-        unsafe { enqueue_prefetch(&mut batch, discard, raw_stream) }
+        unsafe { enqueue_prefetch(&mut batch, plan, discard, raw_stream) }
     })?;
     Ok(total)
 }
@@ -403,24 +479,30 @@ unsafe fn fan_out_prefetch(batch: &Batch, stream: &Stream) -> Result<()> {
     result.and(ordered)
 }
 
-/// Queues `batch`: one `cudaMemPrefetchAsync` for a single range, else the batched call.
+/// Queues `batch` on `stream` as `plan` says (not [`PrefetchPlan::FanOut`]): the batched call,
+/// or one `cudaMemPrefetchAsync` per range, in order, stopping at the first error.
 ///
 /// # Safety
 ///
 /// 1. Every range is managed memory that stays allocated until the stream has run the call.
 unsafe fn enqueue_prefetch(
     batch: &mut Batch,
+    plan: PrefetchPlan,
     discard: bool,
     stream: crate::cuda::stream::RawStream,
 ) -> Result<()> {
-    // SAFETY: precondition 1.
-    unsafe {
-        if batch.ptrs.len() == 1 && !discard {
-            raw::prefetch_async(batch.ptrs[0], batch.sizes[0], batch.locations[0], stream)
-        } else {
-            raw::prefetch_batch_async(batch, discard, stream)
+    if plan == PrefetchPlan::Batch {
+        // SAFETY: precondition 1.
+        return unsafe { raw::prefetch_batch_async(batch, discard, stream) };
+    }
+    for g in 0..batch.starts.len() {
+        let end = batch.starts.get(g + 1).copied().unwrap_or(batch.ptrs.len());
+        for k in batch.starts[g]..end {
+            // SAFETY: precondition 1.
+            unsafe { raw::prefetch_async(batch.ptrs[k], batch.sizes[k], batch.locations[g], stream) }?;
         }
     }
+    Ok(())
 }
 
 /// Discards every range in one batched call; returns the bytes.
@@ -474,6 +556,7 @@ pub unsafe fn discard_all(ranges: &[ManagedRange<'_>], stream: &Stream) -> Resul
 ///
 /// See the [module rules](crate::managed); CUDA errors of `cudaMemAdvise`.
 pub fn advise_all(ranges: &[ManagedRange<'_>], advice: Advice) -> Result<usize> {
+    advice.check()?;
     let cuda = backend_of(ranges, "advise", advice.location())?;
     let (merged, total) = merge(ranges.iter());
     if !cuda || merged.is_empty() {
@@ -509,15 +592,49 @@ pub(crate) fn advice_refused(err: Error, managed_pool_memory: bool) -> Error {
 mod tests {
     use super::*;
 
-    /// CUDA refuses a discard unless every device has `concurrentManagedAccess`, whichever
-    /// device the memory is on: the check names the first device lacking it.
+    /// CUDA refuses a batched call unless every device has `concurrentManagedAccess`,
+    /// whichever device the memory is on: the check names the first device lacking it.
     #[test]
-    fn discards_need_the_capability_on_every_device() {
-        let lacking_one = |i: u32| Ok(i != 2);
-        let err = check_every_device_for_discard_with("discard", 4, lacking_one).unwrap_err();
-        assert!(matches!(&err, Error::Unsupported { .. }), "{err:?}");
-        assert!(err.to_string().contains("cuda:2"), "{err}");
-        check_every_device_for_discard_with("discard", 2, lacking_one).unwrap();
-        check_every_device_for_discard_with("discard", 0, |_| Ok(false)).unwrap();
+    fn batches_need_the_capability_on_every_device() {
+        let lacking_two = |i: u32| Ok(i != 2);
+        assert_eq!(first_device_lacking(4, lacking_two).unwrap(), Some(2));
+        assert_eq!(first_device_lacking(2, lacking_two).unwrap(), None);
+        assert_eq!(first_device_lacking(0, |_| Ok(false)).unwrap(), None);
+    }
+
+    /// Without batches, 2 to 7 ranges loop on the caller's stream; a single range and fanned
+    /// out sets never need one; discards are always one batch (refused before otherwise).
+    #[test]
+    fn prefetch_plans() {
+        use PrefetchPlan::*;
+        for allowed in [true, false] {
+            assert_eq!(PrefetchPlan::choose(1, false, allowed), Single);
+            assert_eq!(PrefetchPlan::choose(FAN_OUT_MIN_RANGES, false, allowed), FanOut);
+            assert_eq!(PrefetchPlan::choose(1, true, allowed), Batch);
+            assert_eq!(PrefetchPlan::choose(FAN_OUT_MIN_RANGES, true, allowed), Batch);
+        }
+        assert_eq!(PrefetchPlan::choose(2, false, true), Batch);
+        assert_eq!(PrefetchPlan::choose(FAN_OUT_MIN_RANGES - 1, false, true), Batch);
+        assert_eq!(PrefetchPlan::choose(2, false, false), Loop);
+        assert_eq!(PrefetchPlan::choose(FAN_OUT_MIN_RANGES - 1, false, false), Loop);
+    }
+
+    /// Spans of two groups conflict when they reach one page, not only when they share bytes;
+    /// spans of one group may share pages.
+    #[test]
+    fn shared_pages_between_groups() {
+        let page = 4096;
+        // Two halves of one page to two locations.
+        assert_eq!(first_shared_page(&[vec![(8192, 100)], vec![(8292, 100)]], page), Some(8192));
+        // The end of one page and the start of the next: no page in common.
+        assert_eq!(first_shared_page(&[vec![(8192, 4096)], vec![(12288, 10)]], page), None);
+        // One byte over the boundary reaches the next page.
+        assert_eq!(first_shared_page(&[vec![(8192, 4097)], vec![(12290, 10)]], page), Some(12288));
+        // Within a group, shared pages are fine, and a long span of one group covering both
+        // ends of another group's span is found through its neighbours.
+        assert_eq!(first_shared_page(&[vec![(0, 10), (20, 10), (4096, 10)]], page), None);
+        let covering = [vec![(0, 10), (100, 40_000)], vec![(20_000, 8)]];
+        assert_eq!(first_shared_page(&covering, page), Some(16384));
+        assert_eq!(first_shared_page(&[vec![(0, 1)], vec![(1 << 20, 1)], vec![(4095, 2)]], page), Some(0));
     }
 }

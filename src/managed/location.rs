@@ -1,7 +1,9 @@
 //! Where managed pages should live, and the advice that can be given about them.
 //!
 //! Rules: a [`Location`] maps one-to-one to CUDA 13's `cudaMemLocation`; [`Advice`] to
-//! `cudaMemoryAdvise` with its location argument.
+//! `cudaMemoryAdvise` with its location argument. The combinations CUDA refuses whatever the
+//! memory (a negative NUMA node; accessed-by advice naming a NUMA node) are refused by
+//! cuferry on every backend, with [`Error::InvalidArgument`].
 
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -32,6 +34,17 @@ impl Location {
     /// Whether the pages are in host memory.
     pub fn is_host(self) -> bool {
         !matches!(self, Location::Device(_))
+    }
+
+    /// Refuses what CUDA refuses of any location: a negative NUMA node. `what` names the
+    /// operation in the error.
+    pub(crate) fn check(self, what: &str) -> Result<()> {
+        match self {
+            Location::HostNuma(n) if n < 0 => {
+                Err(Error::invalid(format!("{what}: host NUMA node {n} (NUMA nodes are numbered from 0)")))
+            }
+            _ => Ok(()),
+        }
     }
 
     pub(crate) fn raw(self) -> Result<sys::cuferry_location> {
@@ -79,6 +92,22 @@ impl Advice {
             Advice::SetAccessedBy(l) => (sys::CUFERRY_ADVISE_SET_ACCESSED_BY, l.raw()?),
             Advice::UnsetAccessedBy(l) => (sys::CUFERRY_ADVISE_UNSET_ACCESSED_BY, l.raw()?),
         })
+    }
+
+    /// Refuses advice CUDA refuses whatever the memory: accessed-by advice naming a NUMA node
+    /// (CUDA takes a device or the host), and a location [`Location::check`] refuses. The host
+    /// backend, which ignores advice, refuses it too, so host tests catch it.
+    pub(crate) fn check(self) -> Result<()> {
+        match self {
+            Advice::SetAccessedBy(l) | Advice::UnsetAccessedBy(l)
+                if !matches!(l, Location::Device(_) | Location::Host) =>
+            {
+                Err(Error::invalid(format!(
+                    "advise: accessed-by advice names a device or the host, not {l:?} (CUDA refuses NUMA locations for it)"
+                )))
+            }
+            _ => self.location().map_or(Ok(()), |l| l.check("advise")),
+        }
     }
 
     /// The location the advice names, if any.

@@ -27,7 +27,7 @@ mod location;
 mod pool;
 
 pub use buffer::ManagedBuffer;
-pub(crate) use bulk::advice_refused;
+pub(crate) use bulk::{advice_refused, device_lacking_concurrent_access};
 pub use bulk::{
     advise_all, discard_all, discard_and_prefetch_all, prefetch_all, prefetch_each, ManagedRange,
     DISCARDED_BYTE,
