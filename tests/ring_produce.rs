@@ -199,6 +199,14 @@ fn bad_items_end_with_a_published_prefix(device: Device) {
         );
         assert_eq!(ring.stats().occupancy, 0, "{what}: slots leaked");
     }
+    // An empty piece overlaps nothing, even inside another piece or at its start.
+    let full = vec![3u8; 100];
+    let empty_inside = SlotFill::bytes(0, &full).piece(50, &[]).piece(0, &[]).piece(100, &[]);
+    assert_eq!(ring.produce(&pool, 1, [empty_inside]).unwrap(), 1);
+    let stream = Stream::new(device).unwrap();
+    let got = ring.next(&stream).unwrap();
+    assert_eq!(got.host_bytes().unwrap(), &full[..], "an empty piece changed the bytes");
+    drop(got);
     // Typed pieces are checked against the layout.
     let layout = SlotLayout::new().with::<f32>(&[4]).unwrap();
     let meta = SlotMeta::new(0, layout);
@@ -375,46 +383,49 @@ fn uploads_waiting_for_a_busy_consumer(device: Device) {
     assert_eq!((stats.published, stats.occupancy), (count, 0), "{stats:?}");
 }
 
-/// An iterator in lock step with the consumer (it makes item k+1 only once item k was taken,
-/// as on-policy feedback does) gets each item published with `ahead == 1`, for every executor
-/// size (with no workers the producing thread copies): a fill held unpublished while the
-/// iterator waits would leave both waiting for ever.
-fn lock_step_iterator_with_one_item_ahead(device: Device) {
+/// An iterator that lags the consumer (it makes item k only once item k + 1 - ahead was
+/// taken: lock step, as on-policy feedback does, for `ahead == 1`) gets its items published,
+/// for every executor size (with no workers the producing thread copies) and `ahead` of 1 to
+/// 3: while the iterator runs, at most `ahead - 1` earlier items are unpublished. One more
+/// would leave both waiting for ever (the code before this rule held `ahead` for `ahead > 1`).
+fn lagging_iterator_gets_its_items_published(device: Device) {
     let data = items(8, SLOT);
-    for threads in [1, 2, 4] {
-        let ring = SlotRing::new(device, RingOptions::new(2, SLOT)).unwrap();
-        let pool = PackExecutor::new(threads).unwrap();
-        let (taken, wait_taken) = std::sync::mpsc::channel::<u64>();
-        std::thread::scope(|s| {
-            let consumer = s.spawn(|| {
-                let _guard = CloseOnPanic(&ring);
-                let stream = Stream::new(device).unwrap();
-                for expected in 0..data.len() as u64 {
-                    let slot =
-                        ring.next_timeout(&stream, Duration::from_secs(5)).expect("item not published");
-                    assert_eq!(slot.meta().sequence, expected);
-                    check(&slot, &stream, &data);
-                    drop(slot);
-                    taken.send(expected).unwrap();
-                }
+    for ahead in 1..=3u64 {
+        for threads in [1, 2, 4] {
+            let ring = SlotRing::new(device, RingOptions::new(4, SLOT)).unwrap();
+            let pool = PackExecutor::new(threads).unwrap();
+            let (taken, wait_taken) = std::sync::mpsc::channel::<u64>();
+            std::thread::scope(|s| {
+                let consumer = s.spawn(|| {
+                    let _guard = CloseOnPanic(&ring);
+                    let stream = Stream::new(device).unwrap();
+                    for expected in 0..data.len() as u64 {
+                        let slot =
+                            ring.next_timeout(&stream, Duration::from_secs(5)).expect("item not published");
+                        assert_eq!(slot.meta().sequence, expected);
+                        check(&slot, &stream, &data);
+                        drop(slot);
+                        taken.send(expected).unwrap();
+                    }
+                });
+                let lagging = data.iter().map(|item| {
+                    if item.seq >= ahead {
+                        // The consumer took item seq - ahead (or gave up: then stop here).
+                        let previous = wait_taken.recv_timeout(Duration::from_secs(10));
+                        assert_eq!(previous.ok(), Some(item.seq - ahead), "ahead {ahead}, {threads} threads");
+                    }
+                    fill(item)
+                });
+                let published = ring.produce(&pool, ahead as usize, lagging);
+                consumer.join().unwrap();
+                assert_eq!(published.unwrap(), data.len() as u64);
             });
-            let lock_step = data.iter().map(|item| {
-                if item.seq > 0 {
-                    // The consumer took the previous item (or gave up: then stop here).
-                    let previous = wait_taken.recv_timeout(Duration::from_secs(10));
-                    assert_eq!(previous.ok(), Some(item.seq - 1), "{threads} threads");
-                }
-                fill(item)
-            });
-            let published = ring.produce(&pool, 1, lock_step);
-            consumer.join().unwrap();
-            assert_eq!(published.unwrap(), data.len() as u64);
-        });
+        }
     }
 }
 
 on_both_backends! {
-    lock_step_iterator_with_one_item_ahead => lock_step_iterator_with_one_item_ahead;
+    lagging_iterator_gets_its_items_published => lagging_iterator_gets_its_items_published;
     uploads_waiting_for_a_busy_consumer => uploads_waiting_for_a_busy_consumer;
     streams_every_byte_in_order => streams_every_byte_in_order;
     consumer_holding_every_slot => consumer_holding_every_slot;

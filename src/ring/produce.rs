@@ -141,7 +141,10 @@ impl<'a> SlotFill<'a> {
                     self.meta.bytes
                 ))
             })?;
-            spans.push((offset, end));
+            // An empty piece overlaps nothing, wherever it sits.
+            if end > offset {
+                spans.push((offset, end));
+            }
         }
         spans.sort_unstable();
         if let Some(w) = spans.windows(2).find(|w| w[1].0 < w[0].1) {
@@ -298,9 +301,10 @@ impl<'e> Line<'_, 'e> {
             meta: Some(item.meta),
         });
         // Before the iterator runs again: fills already finished go out now (not one item
-        // late), and with `ahead == 1` this item's fill is waited for and published, so an
-        // iterator that waits for the consumer to take it does not wait forever.
-        while self.front_done() || (self.ahead == 1 && !self.pending.is_empty()) {
+        // late), and at most `ahead - 1` stay pending (with `ahead == 1` this item's fill is
+        // waited for and published), so an iterator that waits for the consumer to take an
+        // item `ahead` places back does not wait forever.
+        while self.front_done() || self.pending.len() >= self.ahead {
             self.publish_front()?;
         }
         Ok(())
