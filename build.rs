@@ -134,7 +134,7 @@ fn build_cuda(csrc: &Path, nvcc: &Path) {
         fail(&format!("cannot tell the toolkit root of nvcc at {}", nvcc.display()));
     };
     // cc finds nvcc through the NVCC variable; passing it with `.compiler()` would make cc hand
-    // gcc flags to nvcc (see shared/ARCHITECTURE.md).
+    // gcc flags to nvcc.
     // Build scripts run single-threaded, so setting a variable here races nothing.
     env::set_var("NVCC", nvcc);
     let mut sources: Vec<PathBuf> = std::fs::read_dir(csrc)

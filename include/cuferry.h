@@ -2,7 +2,9 @@
  * Regenerate with scripts/gen-header.sh.
  *
  * Every call (src/ffi/mod.rs):
- * - Every function returns a `CuferryStatus` (or a plain value that cannot fail); on failure
+ * - Every function returns a `CuferryStatus` (or a plain value that cannot fail), except
+ *   the PyTorch allocator pair, which keeps PyTorch's signatures: `cuferry_managed_malloc`
+ *   returns NULL on failure and `cuferry_managed_free` returns nothing. On failure
  *   `cuferry_last_error_message` describes it, per thread. Out-parameters are written only on
  *   success, with two exceptions: `cuferry_device_count` writes 0 whenever it cannot count
  *   devices, so a caller that only reads the count sees none, and
@@ -10,8 +12,10 @@
  * - No Rust panic crosses the boundary: each call catches it and returns
  *   `CUFERRY_STATUS_PANIC`.
  * - Devices are `int32_t`: `CUFERRY_HOST` (-1) is the host backend, 0.. are CUDA ordinals.
- * - Handles (`CuferryStream`, `CuferryBuffer`) are opaque; NULL handles are rejected with
- *   `CUFERRY_STATUS_INVALID_ARGUMENT`. Using a handle after destroying it is undefined, as in C.
+ * - Handles (`CuferryStream`, `CuferryBuffer`, ...) are opaque; NULL handles are rejected with
+ *   `CUFERRY_STATUS_INVALID_ARGUMENT`, except by the functions that destroy or free a handle,
+ *   for which NULL is a no-op returning `CUFERRY_STATUS_OK` (as `free(NULL)`). Using a handle
+ *   after destroying it is undefined, as in C.
  * - Buffers keep cuferry's ordering rules: copies on one buffer run in the order queued, and
  *   `cuferry_buffer_free` waits for queued copies before freeing. The raw pointer of a pinned
  *   buffer may be read or written by C only after `cuferry_buffer_synchronize`.
@@ -526,7 +530,8 @@ enum CuferryStatus cuferry_buffer_synchronize(const struct CuferryBuffer *buffer
 
 /**
  * Queues a copy of `bytes` bytes from `src` at `src_offset` to `dst` at `dst_offset` on
- * `stream`, in whichever direction the two buffers need.
+ * `stream`, in whichever direction the two buffers need. `src` and `dst` may be one buffer
+ * when the two ranges do not overlap (overlapping ranges: `CUFERRY_STATUS_INVALID_ARGUMENT`).
  *
  * # Safety
  *
@@ -728,7 +733,7 @@ enum CuferryStatus cuferry_ring_create(int32_t device,
                                        struct CuferryRing **out);
 
 /**
- * Closes and destroys a ring (NULL is rejected). Slot and item handles still held stay valid
+ * Closes and destroys a ring (NULL is a no-op). Slot and item handles still held stay valid
  * until consumed.
  *
  * # Safety

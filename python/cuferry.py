@@ -13,6 +13,9 @@ Rules:
   or buffer only when no other thread is using it; a ring's `free()` closes it and waits for
   the calls in progress on other threads (consumers blocked in `next` return `Closed`).
 - Timeouts are in seconds (None waits for good, 0 never waits); the ABI's are microseconds.
+- A negative value for an unsigned C parameter (a size, count or offset) raises ValueError
+  before the call through `Library.call` and the classes: ctypes would wrap it to a huge
+  number, and the library would answer about that number instead.
 - Device -1 (`HOST`) is the host backend: everything runs without a GPU.
 
 Example (host backend; pass 0 for the first CUDA device):
@@ -68,6 +71,8 @@ _SCALARS = {
     "bool": ctypes.c_bool, "float": ctypes.c_float, "double": ctypes.c_double,
     "char": ctypes.c_char,
 }
+# The unsigned integer types of those: a negative Python int for one is refused (module rules).
+_UNSIGNED = (ctypes.c_uint8, ctypes.c_uint16, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_uint)
 
 
 class _Header:
@@ -165,16 +170,21 @@ class Library:
             header.statuses["CUFERRY_STATUS_CLOSED"]: Closed,
         }
         self._checked = set()
+        self._unsigned = {}
         self.functions = sorted(header.functions)
         for name, (ret, params) in header.functions.items():
             fn = getattr(self.raw, name)
             fn.argtypes = [_ctype(p, self.structs, header.opaque) for p in params]
             fn.restype = _ctype(ret, self.structs, header.opaque)
+            self._unsigned[name] = [i for i, t in enumerate(fn.argtypes) if t in _UNSIGNED]
             if ret == "enum CuferryStatus":
                 self._checked.add(name)
 
     def call(self, name, *args):
         """Calls C function `name`; a status other than OK raises (see the module rules)."""
+        for i in self._unsigned[name]:
+            if i < len(args) and isinstance(args[i], int) and args[i] < 0:
+                raise ValueError(f"{name}: argument {i + 1} is {args[i]}, but the C parameter is unsigned")
         return self._check(name, getattr(self.raw, name)(*args))
 
     def _check(self, name, result):

@@ -13,7 +13,8 @@ toolkit_dir=${CUFERRY_TOOLKIT_DIR:-$repo/.toolkit}
 venv=$toolkit_dir/venv
 py_version=3.11
 cuda_home=$venv/lib/python$py_version/site-packages/nvidia/cu13
-# Pinned to the GPU machines' driver (CUDA 13.0): see shared/ARCHITECTURE.md.
+# Pinned to the GPU machines' driver (580.159, CUDA 13.0): a newer toolkit would build code
+# that driver refuses.
 packages=(
   nvidia-cuda-nvcc==13.0.88
   nvidia-nvvm==13.0.88

@@ -120,6 +120,12 @@ fn bad_arguments(device: Device) {
         DeviceBuffer::<u64>::zeroed(&stream, usize::MAX / 4),
         Err(Error::InvalidArgument { .. })
     ));
+    if device.is_host() {
+        // Past isize::MAX bytes without overflowing usize: refused in cuferry's words.
+        let huge = DeviceBuffer::<u64>::zeroed(&stream, usize::MAX / 16);
+        let said = huge.as_ref().map_err(|e| e.to_string());
+        assert!(said.is_err_and(|m| m.contains("larger than any allocation")), "{huge:?}");
+    }
     assert_eq!(b.to_vec(&stream).unwrap(), vec![0; 4], "a rejected copy wrote something");
     // Zero-sized elements would make non-empty buffers of zero bytes (a null pointer).
     assert!(matches!(DeviceBuffer::<()>::zeroed(&stream, 3), Err(Error::InvalidArgument { .. })));

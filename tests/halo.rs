@@ -1,5 +1,5 @@
 //! Halo pack/unpack against a plain scalar reference written here, element by element, from
-//! the conventions of shared/ARCHITECTURE.md (rotation formula, lone-axis flips, vector rule,
+//! the conventions stated in `src/halo/mod.rs` (rotation formula, lone-axis flips, vector rule,
 //! pack order), independently of the crate's code.
 //!
 //! Random layouts (1-wide and non-square shapes, padded and permuted strides, every rotation,
@@ -925,6 +925,7 @@ fn bad_specs_are_invalid_arguments() {
     assert_invalid(HaloExchange::new(&spec, &[0..7, 0..1], 0, &[0..7, 0..1]), "outside the array");
     #[allow(clippy::reversed_empty_ranges)]
     let reversed = HaloExchange::new(&spec, &[3..1, 0..1], 0, &[0..2, 0..1]);
+    assert!(reversed.as_ref().is_err_and(|e| e.to_string().contains("reversed")), "{reversed:?}");
     assert_invalid(reversed, "reversed range");
     assert_invalid(HaloExchange::new(&spec, &[0..2, 0..3], 4, &[0..2, 0..3]), "rotation 4");
     assert_invalid(HaloExchange::new(&spec, &[0..2, 0..3], 1, &[0..2, 0..3]), "turned shape");

@@ -478,6 +478,11 @@ fn errors_for_bad_graphs() {
     invalid(i3.apply(&x4).map(drop));
     invalid(Array::<f64>::from_slice(&spec, &[2, 2], &[1.0; 3]).map(drop));
     invalid(x4.slice(1, 0..1).map(drop));
+    #[allow(clippy::reversed_empty_ranges)]
+    let reversed = x4.slice(0, 3..1);
+    assert!(reversed.as_ref().is_err_and(|e| e.to_string().contains("reversed")), "{reversed:?}");
+    let past = x4.slice(0, 2..5);
+    assert!(past.as_ref().is_err_and(|e| e.to_string().contains("past its size 4")), "{past:?}");
     invalid(x4.permute(&[0, 0]).map(drop));
     // A chain that consumes a dim and produces it again cannot be split along it.
     let wx = Array::from_slice(&spec, &[3, 2], &[1.0f64; 6]).unwrap();

@@ -282,8 +282,13 @@ fn bad_batch_sizes_and_device_matrices() {
     let two = DeviceMatrix::from_devices(&[2], &[Device::Host; 2]).unwrap();
     invalid(create_batched_linop(Arc::clone(&op), &[BatchSpec::new(&[("x", 4)]).devices(two)]));
     // Matrices that do not hold their shape.
-    assert!(DeviceMatrix::new(&[2, 2], vec![base.clone()]).is_err());
-    assert!(DeviceMatrix::from_specs(vec![]).is_err());
+    let short = DeviceMatrix::new(&[2, 2], vec![base.clone()]);
+    assert!(
+        short.as_ref().is_err_and(|e| e.to_string().contains("holds 4 specs, but 1 were given")),
+        "{short:?}"
+    );
+    let empty = DeviceMatrix::from_specs(vec![]);
+    assert!(empty.as_ref().is_err_and(|e| e.to_string().contains("is empty")), "{empty:?}");
     // Fewer devices than tiles is fine (repeated).
     let x = Array::from_slice(&base, &[7, 4], &[1.0; 28]).unwrap();
     let ok = create_batched_linop(Arc::clone(&op), &[BatchSpec::new(&[("x", 1)]).devices(three).base(base)])

@@ -2,7 +2,9 @@
 //! staticlib).
 //!
 //! Rules:
-//! - Every function returns a [`CuferryStatus`] (or a plain value that cannot fail); on failure
+//! - Every function returns a [`CuferryStatus`] (or a plain value that cannot fail), except
+//!   the PyTorch allocator pair, which keeps PyTorch's signatures: `cuferry_managed_malloc`
+//!   returns NULL on failure and `cuferry_managed_free` returns nothing. On failure
 //!   [`cuferry_last_error_message`] describes it, per thread. Out-parameters are written only on
 //!   success, with two exceptions: [`cuferry_device_count`] writes 0 whenever it cannot count
 //!   devices, so a caller that only reads the count sees none, and
@@ -10,8 +12,10 @@
 //! - No Rust panic crosses the boundary: each call catches it and returns
 //!   `CUFERRY_STATUS_PANIC`.
 //! - Devices are `int32_t`: [`CUFERRY_HOST`] (-1) is the host backend, 0.. are CUDA ordinals.
-//! - Handles (`CuferryStream`, `CuferryBuffer`) are opaque; NULL handles are rejected with
-//!   `CUFERRY_STATUS_INVALID_ARGUMENT`. Using a handle after destroying it is undefined, as in C.
+//! - Handles (`CuferryStream`, `CuferryBuffer`, ...) are opaque; NULL handles are rejected with
+//!   `CUFERRY_STATUS_INVALID_ARGUMENT`, except by the functions that destroy or free a handle,
+//!   for which NULL is a no-op returning `CUFERRY_STATUS_OK` (as `free(NULL)`). Using a handle
+//!   after destroying it is undefined, as in C.
 //! - Buffers keep cuferry's ordering rules: copies on one buffer run in the order queued, and
 //!   `cuferry_buffer_free` waits for queued copies before freeing. The raw pointer of a pinned
 //!   buffer may be read or written by C only after `cuferry_buffer_synchronize`.
@@ -492,7 +496,8 @@ pub unsafe extern "C" fn cuferry_buffer_synchronize(buffer: *const CuferryBuffer
 }
 
 /// Queues a copy of `bytes` bytes from `src` at `src_offset` to `dst` at `dst_offset` on
-/// `stream`, in whichever direction the two buffers need.
+/// `stream`, in whichever direction the two buffers need. `src` and `dst` may be one buffer
+/// when the two ranges do not overlap (overlapping ranges: `CUFERRY_STATUS_INVALID_ARGUMENT`).
 ///
 /// # Safety
 ///
@@ -507,11 +512,9 @@ pub unsafe extern "C" fn cuferry_copy(
     bytes: usize,
 ) -> CuferryStatus {
     guard(|| {
-        if std::ptr::eq(src, dst) {
-            return Err(Error::invalid("source and destination are the same buffer"));
-        }
         // SAFETY: the caller's contract on the handles. They are borrowed shared: C may pass
-        // one buffer to calls on several threads at once.
+        // one buffer to calls on several threads at once, or as both `src` and `dst` (the copy
+        // refuses overlapping ranges before queueing anything).
         let (stream, src, dst) =
             unsafe { (handle(stream, "stream")?, handle(src, "source")?, handle(dst, "destination")?) };
         let s = &stream.stream;

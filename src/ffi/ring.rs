@@ -124,7 +124,7 @@ pub unsafe extern "C" fn cuferry_ring_create(
     })
 }
 
-/// Closes and destroys a ring (NULL is rejected). Slot and item handles still held stay valid
+/// Closes and destroys a ring (NULL is a no-op). Slot and item handles still held stay valid
 /// until consumed.
 ///
 /// # Safety
@@ -133,6 +133,9 @@ pub unsafe extern "C" fn cuferry_ring_create(
 #[no_mangle]
 pub unsafe extern "C" fn cuferry_ring_destroy(ring: *mut CuferryRing) -> CuferryStatus {
     guard(|| {
+        if ring.is_null() {
+            return Ok(());
+        }
         // SAFETY: the caller's contract.
         let ring = unsafe { take_handle(ring, "ring") }?;
         ring.ring.close();

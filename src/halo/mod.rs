@@ -7,7 +7,7 @@
 //! buffer and unpacks its unpack buffer into one array per exchange, asynchronously, on the
 //! host backend or on CUDA.
 //!
-//! Rules (shared/ARCHITECTURE.md, "Conventions fixed here"):
+//! Rules (the project's fixed conventions: the tests' scalar references follow them):
 //! - Rotation: a clockwise quarter turn maps element (i, j) of the result to element
 //!   (nx-1-j, i) of the source ((i, j) index x and y; numpy's `rot90(a, k=-1, axes=(x, y))`);
 //!   k turns are k applications. Arrays with one horizontal dim flip as numpy's lone axis: a

@@ -2,7 +2,7 @@
 //! computed once per packer and shared by the CPU and CUDA implementations.
 //!
 //! Rules:
-//! - Slots follow the pack order of shared/ARCHITECTURE.md: quantities in the order given, for
+//! - Slots follow the pack order of the [halo module](super) rules: quantities in the order given, for
 //!   each the x component then (vectors) the y component; each slot holds its region in
 //!   row-major order of the rotated region. Slots are contiguous, without padding (every
 //!   exchange has the same element type, so every slot offset is a multiple of its size).

@@ -8,7 +8,7 @@
 //!   is at least the span of the dims below it (from their first element to one past their
 //!   last; a row may start inside the padding after the row below). So distinct indices are
 //!   distinct elements, which is what lets several threads or GPU blocks unpack at once.
-//! - Rotation (shared/ARCHITECTURE.md): a clockwise quarter turn maps element (i, j) of the
+//! - Rotation (the [halo module](super) rules): a clockwise quarter turn maps element (i, j) of the
 //!   result to element (nx-1-j, i) of the source, (i, j) indexing the x and y dims; k turns are k
 //!   applications. An array with one horizontal dim flips like numpy's lone axis: a quarter turn
 //!   flips an x-only array along x (k=1) or a y-only array along y (k=3) and leaves the other case
@@ -283,7 +283,13 @@ impl HaloSpec {
             )));
         }
         for (d, (r, &n)) in region.iter().zip(&self.shape).enumerate() {
-            if r.start > r.end || r.end > n {
+            if r.start > r.end {
+                return Err(Error::invalid(format!(
+                    "the {what} region's range {}..{} in dim {d} is reversed (start after end)",
+                    r.start, r.end
+                )));
+            }
+            if r.end > n {
                 return Err(Error::invalid(format!(
                     "the {what} region's range {}..{} in dim {d} is not inside 0..{n}",
                     r.start, r.end

@@ -320,8 +320,15 @@ impl<T: Field> Array<T> {
         let Some(&n) = self.shape.get(axis) else {
             return Err(Error::invalid(format!("axis {axis} of a {}-d array", self.ndim())));
         };
-        if range.start > range.end || range.end > n {
-            return Err(Error::invalid(format!("range {range:?} along axis {axis} of size {n}")));
+        if range.start > range.end {
+            return Err(Error::invalid(format!(
+                "range {range:?} along axis {axis} is reversed (start after end)"
+            )));
+        }
+        if range.end > n {
+            return Err(Error::invalid(format!(
+                "range {range:?} along axis {axis} reaches past its size {n}"
+            )));
         }
         let mut out = self.clone();
         out.shape[axis] = range.end - range.start;

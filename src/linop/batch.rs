@@ -1,7 +1,7 @@
 //! [`create_batched_linop`]: an operator split into tiles, spread over devices and put back
 //! together, so that applying it equals applying the original (within rounding).
 //!
-//! Rules (shared/ARCHITECTURE.md, "Split"):
+//! Rules (the project's fixed split conventions):
 //! - The specs are processed in order: the first one splits the operator
 //!   ([`split_linop`](super::split_linop)); each tile is placed on a device when the spec has
 //!   a device matrix, then the remaining specs are applied to the tile, recursively.
@@ -77,9 +77,14 @@ impl DeviceMatrix {
     /// its `device`.
     pub fn new(shape: &[usize], specs: Vec<DeviceSpec>) -> Result<Self> {
         let n = numel(shape)?;
-        if n == 0 || n != specs.len() {
+        if n == 0 {
             return Err(Error::invalid(format!(
-                "a device matrix of shape {shape:?} needs {n} > 0 specs, got {}",
+                "a device matrix of shape {shape:?} is empty: it needs at least one entry along every axis"
+            )));
+        }
+        if n != specs.len() {
+            return Err(Error::invalid(format!(
+                "a device matrix of shape {shape:?} holds {n} specs, but {} were given",
                 specs.len()
             )));
         }

@@ -208,8 +208,18 @@ impl<T: Element> ManagedBuffer<T> {
     ///
     /// [`Error::InvalidArgument`] when the range is empty or out of bounds.
     pub fn subrange(&self, elements: Range<usize>) -> Result<ManagedRange<'_>> {
-        if elements.start >= elements.end || elements.end > self.len {
-            return Err(Error::invalid(format!("range {elements:?} of a buffer of {} elements", self.len)));
+        let why = if elements.start >= elements.end {
+            "is empty or reversed"
+        } else if elements.end > self.len {
+            "reaches past the end"
+        } else {
+            ""
+        };
+        if !why.is_empty() {
+            return Err(Error::invalid(format!(
+                "range {elements:?} {why} (a buffer of {} elements)",
+                self.len
+            )));
         }
         let size = std::mem::size_of::<T>();
         Ok(ManagedRange::new(

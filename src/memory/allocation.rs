@@ -174,8 +174,10 @@ impl TrackedAllocation {
         if bytes == 0 {
             return Ok(Self::new(std::ptr::null_mut(), 0, Origin::Host(None)));
         }
-        let layout = Layout::from_size_align(bytes, HOST_ALIGN)
-            .map_err(|e| Error::invalid(format!("host allocation of {bytes} bytes: {e}")))?;
+        // The only refusal: a size that, rounded up to the alignment, passes isize::MAX.
+        let layout = Layout::from_size_align(bytes, HOST_ALIGN).map_err(|_| {
+            Error::invalid(format!("host allocation of {bytes} bytes: larger than any allocation can be"))
+        })?;
         // SAFETY: the layout has a non-zero size (checked above).
         let ptr = NonNull::new(unsafe { alloc::alloc_zeroed(layout) }).ok_or_else(|| {
             Error::unsupported(format!("host allocation of {bytes} bytes failed {HOST_OUT_OF_MEMORY}"))

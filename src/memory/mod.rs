@@ -118,8 +118,8 @@ fn check_host_stream_access_with(
     }
 }
 
-/// Memory that copies can read from or write to: [`DeviceBuffer`], [`PinnedBuffer`] and
-/// [`HostRegistration`]. Sealed: the copy engine relies on its internals.
+/// Memory that copies can read from or write to: [`DeviceBuffer`], [`PinnedBuffer`],
+/// [`HostRegistration`] and [`ManagedBuffer`](crate::managed::ManagedBuffer). Sealed: the copy engine relies on its internals.
 pub trait Memory<T: Element>: sealed::Sealed {
     /// Number of elements.
     fn len(&self) -> usize;

@@ -1,6 +1,6 @@
 //! Helpers shared by the integration tests.
 //!
-//! GPU gating (shared/ARCHITECTURE.md): a test that needs a CUDA device prints
+//! GPU gating (the project's rule, README "Set up on a fresh machine"): a test that needs a CUDA device prints
 //! `SKIP: no CUDA device` and returns when none is present; with `CUFERRY_REQUIRE_GPU=1` it
 //! fails instead.
 #![allow(dead_code)]

@@ -201,7 +201,7 @@ pub fn fields(rng: &mut Rng, count: usize) -> Vec<Vec<Vec<f64>>> {
         .collect()
 }
 
-/// Component rule of shared/ARCHITECTURE.md for (u, v) turned k times.
+/// The vector component rule (`src/halo/mod.rs`) for (u, v) turned k times.
 pub fn turn_components(k: u32, u: f64, v: f64) -> (f64, f64) {
     match k {
         0 => (u, v),

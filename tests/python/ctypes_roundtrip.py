@@ -38,6 +38,13 @@ with lib.stream(device) as stream, lib.pinned(device, n) as src, lib.device_buff
     except cuferry.CuferryError as e:
         assert e.name == "CUFERRY_STATUS_INVALID_ARGUMENT", e
         assert e.message, "the library's message comes with the error"
+    # A negative size or offset is refused before the call, not wrapped to a huge number.
+    for call in (lambda: lib.pinned(device, -1), lambda: lib.copy(stream, src, back, 1, src_offset=-1)):
+        try:
+            call()
+            raise AssertionError("a negative size or offset reached the library")
+        except ValueError as e:
+            assert "unsigned" in str(e), e
     if device == cuferry.HOST:
         assert dev.read(4) == payload[:4], "host-backend device memory is readable"
     else:

@@ -7,7 +7,7 @@
 //! less) is wall clock for every kind, from the call to the copy's completion seen by the host
 //! (for asynchronous copies: queue, then synchronize), so its rows compare with each other.
 //! GB/s count each byte once (the payload); a D2D copy moves twice that through device memory
-//! (read + write), the convention of the ceiling in ARCHITECTURE.md. On CUDA the D2D and peer
+//! (read + write), the convention of the project's D2D ceiling. On CUDA the D2D and peer
 //! copies are timed each behind an L2 flush, queued so that the interval holds the copy alone:
 //! copied again and again, sizes up to about 16 MiB would otherwise run from the 50 MB L2.
 

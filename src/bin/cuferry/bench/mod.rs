@@ -3,7 +3,7 @@
 //!
 //! Rules:
 //! - Every figure is a median of repeats after a warm-up; device work is timed to completion.
-//! - Ratios are only ever taken between figures of one run (ARCHITECTURE's rule); absolute
+//! - Ratios are only ever taken between figures of one run (the project's rule); absolute
 //!   figures are reported with the device named.
 //! - Without a GPU the same sections run on the host backend, against memcpy.
 //! - Each section's table, and the JSON of every row so far, are written as the section ends.
