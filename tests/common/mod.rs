@@ -1,8 +1,8 @@
 //! Helpers shared by the integration tests.
 //!
-//! GPU gating (the project's rule, README "Set up on a fresh machine"): a test that needs a CUDA device prints
-//! `SKIP: no CUDA device` and returns when none is present; with `CUFERRY_REQUIRE_GPU=1` it
-//! fails instead.
+//! GPU gating (the project's rule, README "Set up on a fresh machine"): a test that needs a
+//! CUDA device prints `SKIP: no CUDA device` and returns when none is present; with
+//! `CUFERRY_REQUIRE_GPU=1` it fails instead.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
