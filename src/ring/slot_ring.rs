@@ -91,7 +91,9 @@ pub struct RingStats {
     pub occupancy: usize,
     /// The most device slots ever in use at once.
     pub high_water: usize,
-    /// Acquires that found no free slot and had to wait (or would have blocked).
+    /// Acquires that found no free device or host slot in the ring's queues and had to wait
+    /// (for [`SlotRing::try_acquire`]: would have had to). Waiting for a free host slot's last
+    /// upload to finish is not counted.
     pub producer_waits: u64,
     /// Slots published.
     pub published: u64,
@@ -625,7 +627,9 @@ impl ProducerSlot {
         executor.copy(data, &mut slot[offset..end])
     }
 
-    /// Writes `data` as the array described by `array` (type and length checked).
+    /// Writes `data` as the array described by `array` (type and length checked), on
+    /// `executor` as [`ProducerSlot::fill_from`] does (`PackExecutor::new(1)` copies on the
+    /// calling thread, for small arrays).
     ///
     /// # Errors
     ///

@@ -3,8 +3,8 @@
 //!
 //! Rules: descriptors hold at most `CUFERRY_LINOP_MAX_DIMS` loop dims (an error otherwise);
 //! every buffer is memory of the stream's device (an error otherwise); the output buffer is
-//! borrowed mutably and distinct from the inputs. Compiled with nvcc; these kernels have not
-//! yet run on a GPU in this project's history.
+//! borrowed mutably and distinct from the inputs. The linop tests and compute-sanitizer ran
+//! them on an H100 (2026-11-23).
 
 use std::os::raw::c_void;
 

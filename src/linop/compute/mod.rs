@@ -6,10 +6,13 @@
 //!   stream. The output lives on the input's spec. Every launch checks that the spec's
 //!   streams and every buffer it touches are on the spec's device.
 //! - [`Device::Host`]: kernels in [`host`], one job on the stream per call.
-//! - [`Device::Cuda`]: one kernel launch per operation in `cuda` (csrc/linop.cu: a strided
-//!   map for copies, scaling, sums and concatenation, and a strided contraction for Dense and
-//!   Diagonal), compiled with nvcc and not yet run on a GPU. In a build without nvcc,
-//!   arithmetic on CUDA arrays returns [`Error::Unsupported`] with [`NO_CUDA_KERNELS`].
+//! - [`Device::Cuda`]: kernels in `cuda` (csrc/linop.cu: a strided map for copies, scaling,
+//!   sums and concatenation, and a strided contraction for Dense and Diagonal): one launch
+//!   per copy, scaling or contraction, one per term of a sum and per part of a
+//!   concatenation. They take at most `CUFERRY_LINOP_MAX_DIMS` (8) loop dims, where the host
+//!   has no limit: more is [`Error::Unsupported`]. Run on an H100 (2026-11-23: the linop tests
+//!   and compute-sanitizer). In a build without nvcc, arithmetic on CUDA arrays returns
+//!   [`Error::Unsupported`] with [`NO_CUDA_KERNELS`].
 
 mod cuda;
 pub(crate) mod host;

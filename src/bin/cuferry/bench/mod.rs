@@ -71,6 +71,20 @@ fn parse_device(text: &str) -> Result<Device, String> {
     }
 }
 
+/// Opens each given output path for writing (creating it, keeping what it holds), so a path
+/// that cannot be written is reported before any section runs.
+fn check_writable(paths: &[&Option<PathBuf>]) -> Result<(), String> {
+    for path in paths.iter().filter_map(|p| p.as_ref()) {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
 /// Runs the chosen sections, printing each one's table as it ends.
 pub fn run(args: &BenchArgs) -> ExitCode {
     let device = match parse_device(&args.device) {
@@ -80,6 +94,11 @@ pub fn run(args: &BenchArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // An output file that cannot be written fails now, not after minutes of measuring.
+    if let Err(e) = check_writable(&[&args.json, &args.plot]) {
+        eprintln!("cuferry bench: {e}");
+        return ExitCode::from(2);
+    }
     let sections = if args.section.is_empty() {
         vec![Section::Copy, Section::Ring, Section::Managed, Section::Halo, Section::Linop]
     } else {
@@ -133,5 +152,22 @@ pub fn run(args: &BenchArgs) -> ExitCode {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unwritable_outputs_are_found_before_measuring() {
+        let dir = std::env::temp_dir().join(format!("cuferry-bench-check-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = Some(dir.join("out.json"));
+        let bad = Some(dir.join("no-such-dir").join("out.svg"));
+        assert!(check_writable(&[&good, &None]).is_ok());
+        let err = check_writable(&[&good, &bad]).unwrap_err();
+        assert!(err.contains("no-such-dir"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
