@@ -696,6 +696,29 @@ fn cuda_operators_match_host() {
     cuda_matches_host::<f32>(53);
 }
 
+/// A Dense over 8 batch dims and one summed dim (10 loop dims with the output dim) runs on
+/// CUDA, whose kernels take 8 loop dims: the batch dims merge into one. It matches the host,
+/// forward and adjoint.
+#[test]
+fn cuda_kernels_take_layouts_past_eight_dims() {
+    let Some(dev) = util::cuda_device() else { return };
+    let mut rng = Rng::new(57);
+    let (h, c) = (host(), DeviceSpec::new(dev).unwrap());
+    let batch: Vec<(String, usize)> = (0..8).map(|k| (format!("b{k}"), 2)).collect();
+    let mut inputs: Vec<(&str, usize)> = batch.iter().map(|(n, s)| (n.as_str(), *s)).collect();
+    inputs.push(("x", 3));
+    let w: Array<f64> = random_array(&mut rng, &h, &[3, 4]);
+    let op: LinopRef<f64> = Arc::new(Dense::new(w, &["x", "o"], dims(&inputs), dims(&[("o", 4)])).unwrap());
+    for op in [Arc::clone(&op), op.adjoint()] {
+        let shape: Vec<usize> = op.idims().sizes().to_vec();
+        let x: Array<f64> = random_array(&mut rng, &h, &shape);
+        let want = op.apply(&x).unwrap().to_vec().unwrap();
+        let up = ToDevice::new(h.clone(), c.clone(), op.idims().clone());
+        let on_gpu = op.place_on(&c).unwrap().apply(&up.apply(&x).unwrap()).unwrap();
+        assert_close(&on_gpu.to_vec().unwrap(), &want, 1e-12);
+    }
+}
+
 /// cuda:0 -> cuda:1 -> host when two devices exist.
 #[test]
 fn cuda_to_cuda_transfer() {

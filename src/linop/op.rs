@@ -77,8 +77,9 @@ pub trait Linop<T: Field>: LinopClone<T> + Debug + Send + Sync {
     ///
     /// [`Error::InvalidArgument`] when `x`'s shape is not [`Linop::idims`] or the parameters
     /// are on another device; [`Error::Unsupported`] for arithmetic on CUDA arrays in a build
-    /// without nvcc, or for a CUDA kernel over more than 8 loop dims (the dims of an operand
-    /// and its parameters together; the host backend has no limit); errors of the queued work.
+    /// without nvcc, or for a CUDA kernel over more than 8 loop dims that do not merge (the
+    /// dims of an operand and its parameters together; the host backend has no limit); errors
+    /// of the queued work.
     fn apply(&self, x: &Array<T>) -> Result<Array<T>>;
 
     /// The adjoint `A^H` (conjugate transpose).

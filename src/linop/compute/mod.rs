@@ -10,8 +10,9 @@
 //!   sums and concatenation, and a strided contraction for Dense and Diagonal): one launch
 //!   per copy, scaling or contraction, one per term of a sum and per part of a
 //!   concatenation. They take at most `CUFERRY_LINOP_MAX_DIMS` (8) loop dims, where the host
-//!   has no limit: more is [`Error::Unsupported`]. Run on an H100 (2026-11-23: the linop tests
-//!   and compute-sanitizer). In a build without nvcc, arithmetic on CUDA arrays returns
+//!   has no limit: more are merged where every operand walks adjacent axes as one, and what
+//!   still does not fit is [`Error::Unsupported`]. Run on an H100 (2026-11-23: the linop tests
+//!   and compute-sanitizer; the merging since is compiled with nvcc, not run on a GPU). In a build without nvcc, arithmetic on CUDA arrays returns
 //!   [`Error::Unsupported`] with [`NO_CUDA_KERNELS`].
 
 mod cuda;
