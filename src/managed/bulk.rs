@@ -442,27 +442,17 @@ unsafe fn fan_out_prefetch(batch: &Batch, stream: &Stream) -> Result<()> {
         h.wait_event(&start)?;
         raw_helpers.push(h.cuda_raw()?);
     }
-    let mut result = Ok(());
-    for g in 0..batch.starts.len() {
-        let end = batch.starts.get(g + 1).copied().unwrap_or(batch.ptrs.len());
-        for k in batch.starts[g]..end {
-            // SAFETY: precondition 1; `stream` waits below for the helper stream's work.
-            result = unsafe {
-                raw::prefetch_async(
-                    batch.ptrs[k],
-                    batch.sizes[k],
-                    batch.locations[g],
-                    raw_helpers[k % raw_helpers.len()],
-                )
-            };
-            if result.is_err() {
-                break;
-            }
+    let result = ranges_with_location(batch).try_for_each(|(k, g)| {
+        // SAFETY: precondition 1; `stream` waits below for the helper stream's work.
+        unsafe {
+            raw::prefetch_async(
+                batch.ptrs[k],
+                batch.sizes[k],
+                batch.locations[g],
+                raw_helpers[k % raw_helpers.len()],
+            )
         }
-        if result.is_err() {
-            break;
-        }
-    }
+    });
     // Whatever was queued, `stream` is ordered after it, so the memory outlives it.
     let ordered = helpers.iter().try_for_each(|h| {
         let done = Event::new(device)?;
@@ -477,6 +467,14 @@ unsafe fn fan_out_prefetch(batch: &Batch, stream: &Stream) -> Result<()> {
         }
     }
     result.and(ordered)
+}
+
+/// Every range of `batch` in order, as (range index, index of its location).
+fn ranges_with_location(batch: &Batch) -> impl Iterator<Item = (usize, usize)> + '_ {
+    (0..batch.starts.len()).flat_map(move |g| {
+        let end = batch.starts.get(g + 1).copied().unwrap_or(batch.ptrs.len());
+        (batch.starts[g]..end).map(move |k| (k, g))
+    })
 }
 
 /// Queues `batch` on `stream` as `plan` says (not [`PrefetchPlan::FanOut`]): the batched call,
@@ -495,14 +493,10 @@ unsafe fn enqueue_prefetch(
         // SAFETY: precondition 1.
         return unsafe { raw::prefetch_batch_async(batch, discard, stream) };
     }
-    for g in 0..batch.starts.len() {
-        let end = batch.starts.get(g + 1).copied().unwrap_or(batch.ptrs.len());
-        for k in batch.starts[g]..end {
-            // SAFETY: precondition 1.
-            unsafe { raw::prefetch_async(batch.ptrs[k], batch.sizes[k], batch.locations[g], stream) }?;
-        }
-    }
-    Ok(())
+    ranges_with_location(batch).try_for_each(|(k, g)| {
+        // SAFETY: precondition 1.
+        unsafe { raw::prefetch_async(batch.ptrs[k], batch.sizes[k], batch.locations[g], stream) }
+    })
 }
 
 /// Discards every range in one batched call; returns the bytes.
@@ -617,6 +611,21 @@ mod tests {
         assert_eq!(PrefetchPlan::choose(FAN_OUT_MIN_RANGES - 1, false, true), Batch);
         assert_eq!(PrefetchPlan::choose(2, false, false), Loop);
         assert_eq!(PrefetchPlan::choose(FAN_OUT_MIN_RANGES - 1, false, false), Loop);
+    }
+
+    /// Ranges are visited in order, each with the location group it starts in or follows.
+    #[test]
+    fn ranges_are_paired_with_their_locations() {
+        let batch = Batch {
+            ptrs: vec![std::ptr::null_mut(); 5],
+            sizes: vec![1; 5],
+            locations: Vec::new(),
+            starts: vec![0, 2],
+        };
+        let got: Vec<(usize, usize)> = ranges_with_location(&batch).collect();
+        assert_eq!(got, vec![(0, 0), (1, 0), (2, 1), (3, 1), (4, 1)]);
+        let none = Batch { ptrs: Vec::new(), sizes: Vec::new(), locations: Vec::new(), starts: Vec::new() };
+        assert_eq!(ranges_with_location(&none).count(), 0);
     }
 
     /// Spans of two groups conflict when they reach one page, not only when they share bytes;
