@@ -17,6 +17,16 @@ Rules:
   before the call through `Library.call` and the classes: ctypes would wrap it to a huge
   number, and the library would answer about that number instead.
 - Device -1 (`HOST`) is the host backend: everything runs without a GPU.
+- Halo packers (`Library.halo_packer`) take `HaloExchange` descriptions and `Buffer`s from
+  `device_buffer`, one per exchange; a description is checked here (dims, negative values,
+  ranges of step 1) and then by the library, whose message names the problem.
+- Managed memory (`Library.managed_alloc`, `prefetch`, `prefetch_batch`, `advise`) names
+  streams as None (the legacy default stream), a `Stream`, or a raw `cudaStream_t` int
+  (`torch.cuda.current_stream().cuda_stream`); locations as "host", a device ordinal,
+  ("numa", node) or "numa_current"; advice by the name of its `CUFERRY_ADVISE_*` constant
+  in lower case ("set_read_mostly", ...). A `ManagedAllocation` is freed once, in order on
+  its stream; the C free returns no status, so a failed free only sets the library's last
+  error message.
 
 Example (host backend; pass 0 for the first CUDA device):
 
@@ -35,7 +45,10 @@ import os
 import re
 import threading
 
-__all__ = ["HOST", "CuferryError", "WouldBlock", "Timeout", "Closed", "Library", "load"]
+__all__ = [
+    "HOST", "CuferryError", "WouldBlock", "Timeout", "Closed", "Library", "load", "HaloExchange",
+    "HaloPacker", "ManagedAllocation",
+]
 
 HOST = -1
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -255,6 +268,84 @@ class Library:
         """A slot ring of `depth` slots of `slot_bytes` uploading to `device`; `fill_threads`
         (at least 1) threads fill slots from pageable memory in `Ring.produce`."""
         return Ring(self, device, depth, slot_bytes, fill_threads)
+
+    # ---- halo packers ----
+
+    def halo_packer(self, device, exchanges):
+        """A packer on `device` for `exchanges` (`HaloExchange`s, in the order the arrays are
+        passed to `HaloPacker.pack` and `unpack`)."""
+        return HaloPacker(self, device, exchanges)
+
+    # ---- managed memory ----
+
+    def managed_alloc(self, device, nbytes, stream=None):
+        """`nbytes` (> 0) of managed memory from `device`'s pool (HOST: the host backend's
+        pool of plain host memory), in order on `stream` (see the module rules)."""
+        if nbytes <= 0:
+            raise ValueError(f"managed_alloc: {nbytes} bytes; allocate at least one")
+        ptr = self.raw.cuferry_managed_malloc(nbytes, device, _raw_stream(stream))
+        if not ptr:
+            message = (self.raw.cuferry_last_error_message() or b"").decode(errors="replace")
+            # The allocator pair returns no status: NULL and the message are all it gives.
+            raise CuferryError("cuferry_managed_malloc", None, "NULL", message)
+        return ManagedAllocation(self, ptr, nbytes, device, stream)
+
+    def location(self, where):
+        """`where` ("host", a device ordinal, ("numa", node), "numa_current" or None) as a
+        `CuferryLocation`; None is kind 0, which the library refuses where advice needs one."""
+        c, loc = self.const, self.structs["CuferryLocation"]
+        if where is None:
+            return loc(0, 0)
+        if where == "host":
+            return loc(c.CUFERRY_LOCATION_HOST, 0)
+        if where == "numa_current":
+            return loc(c.CUFERRY_LOCATION_HOST_NUMA_CURRENT, 0)
+        if isinstance(where, int) and not isinstance(where, bool) and 0 <= where < 2**31:
+            return loc(c.CUFERRY_LOCATION_DEVICE, where)
+        if (isinstance(where, tuple) and len(where) == 2 and where[0] == "numa"
+                and isinstance(where[1], int) and 0 <= where[1] < 2**31):
+            return loc(c.CUFERRY_LOCATION_HOST_NUMA, where[1])
+        raise ValueError(f"location {where!r}: use \"host\", a device ordinal, (\"numa\", node) or \"numa_current\"")
+
+    def prefetch(self, ptr, nbytes, where, stream=None):
+        """Queues moving `nbytes` of managed memory at `ptr` (an address or a
+        `ManagedAllocation`) to `where`, on `stream`."""
+        self.call("cuferry_managed_prefetch", _address(ptr), nbytes, self.location(where), _raw_stream(stream))
+
+    def prefetch_batch(self, ranges, where, stream=None):
+        """Queues moving every (address or `ManagedAllocation`, nbytes) range to `where` in one
+        batched call on `stream` (one call per range where CUDA allows no batch)."""
+        ranges = list(ranges)
+        n = len(ranges)
+        for _, nbytes in ranges:
+            if nbytes < 0:
+                raise ValueError(f"prefetch_batch: a range of {nbytes} bytes")
+        ptrs = (ctypes.c_void_p * n)(*(_address(p) for p, _ in ranges))
+        sizes = (ctypes.c_size_t * n)(*(nbytes for _, nbytes in ranges))
+        self.call("cuferry_managed_prefetch_batch", ptrs, sizes, n, self.location(where), _raw_stream(stream))
+
+    def advise(self, ptr, nbytes, advice, where=None):
+        """Gives `advice` ("set_read_mostly", "set_preferred_location", "set_accessed_by", and
+        their "unset_" forms) for `nbytes` of managed memory at `ptr`; `where` for the advice
+        that names a location."""
+        names = {k.removeprefix("CUFERRY_ADVISE_").lower(): v for k, v in vars(self.const).items()
+                 if k.startswith("CUFERRY_ADVISE_")}
+        if advice not in names:
+            raise ValueError(f"advice {advice!r}: use one of {sorted(names)}")
+        self.call("cuferry_managed_advise", _address(ptr), nbytes, names[advice], self.location(where))
+
+    def pool_stats(self, device):
+        """Byte counters of `device`'s managed pool as a dict (reserved_current, reserved_high,
+        used_current, used_high)."""
+        out = self.structs["CuferryPoolStats"]()
+        self.call("cuferry_managed_pool_stats", device, ctypes.byref(out))
+        return {name: getattr(out, name) for name, _ in out._fields_}
+
+    def pool_kind(self, device):
+        """What backs `device`'s managed pool: "host", "managed_pool" or "malloc_managed"."""
+        kind = ctypes.c_int32()
+        self.call("cuferry_managed_pool_kind", device, ctypes.byref(kind))
+        return {0: "host", 1: "managed_pool", 2: "malloc_managed"}[kind.value]
 
 
 def load(library_path=None, header_path=None):
@@ -551,3 +642,181 @@ class Ring(_Handle):
         out = self.lib.structs["CuferryRingStats"]()
         self._call("cuferry_ring_stats", ctypes.byref(out))
         return {name: getattr(out, name) for name, _ in out._fields_}
+
+
+# ---- halo packers -------------------------------------------------------------------------
+
+
+def _bounds(region, what):
+    """(start, end) pairs from `range`s, `slice`s or pairs, each of step 1."""
+    out = []
+    for r in region:
+        if isinstance(r, (range, slice)):
+            if r.step not in (None, 1) or r.start is None or r.stop is None:
+                raise ValueError(f"{what}: {r!r} needs a start and a stop, and step 1")
+            out.append((r.start, r.stop))
+        else:
+            start, end = r
+            out.append((start, end))
+    return out
+
+
+class HaloExchange:
+    """One exchange of one array, as the C ABI's `CuferryHaloExchange`: the array's layout
+    (`element_size` bytes per element, `shape` outermost first, `strides` in elements or None
+    for contiguous row-major), its horizontal dims (`x_dim`, `y_dim`, or None), the region
+    packed (one `range`, `slice` or (start, end) per dim), the clockwise quarter turns applied
+    while packing (`rotation`, 0 to 3) and the region unpacked into. The library checks the
+    rest (regions inside the array, the turned pack shape equal to the unpack shape, one
+    element size for all the exchanges of a packer)."""
+
+    def __init__(self, element_size, shape, pack, unpack, strides=None, x_dim=None, y_dim=None, rotation=0):
+        self.element_size, self.shape = element_size, list(shape)
+        self.strides = None if strides is None else list(strides)
+        self.pack, self.unpack = _bounds(pack, "pack"), _bounds(unpack, "unpack")
+        self.x_dim, self.y_dim, self.rotation = x_dim, y_dim, rotation
+
+    def _struct(self, lib):
+        """The `CuferryHaloExchange`, after the checks ctypes would not make (it wraps negative
+        numbers, and an index past the fixed arrays raises IndexError)."""
+        n, most = len(self.shape), lib.const.CUFERRY_HALO_MAX_DIMS
+        if not 1 <= n <= most:
+            raise ValueError(f"a {n}-d array: halo arrays have 1 to {most} dims")
+        strides = self.strides if self.strides is not None else [0] * n
+        for what, values in (("strides", strides), ("pack", self.pack), ("unpack", self.unpack)):
+            if len(values) != n:
+                raise ValueError(f"{what} has {len(values)} entries for a {n}-d array")
+        numbers = [self.element_size, self.rotation, *self.shape, *strides]
+        numbers += [i for pair in self.pack + self.unpack for i in pair]
+        if any(not isinstance(v, int) or v < 0 for v in numbers):
+            raise ValueError(f"halo exchange: sizes, strides, bounds and rotation are ints >= 0: {numbers}")
+        for what, d in (("x_dim", self.x_dim), ("y_dim", self.y_dim)):
+            if d is not None and not (isinstance(d, int) and 0 <= d < n):
+                raise ValueError(f"{what} {d!r} of a {n}-d array")
+        e = lib.structs["CuferryHaloExchange"]()
+        e.element_size, e.ndim, e.rotation = self.element_size, n, self.rotation
+        e.x_dim = -1 if self.x_dim is None else self.x_dim
+        e.y_dim = -1 if self.y_dim is None else self.y_dim
+        for d in range(n):
+            e.shape[d], e.strides[d] = self.shape[d], strides[d]
+            e.pack_start[d], e.pack_end[d] = self.pack[d]
+            e.unpack_start[d], e.unpack_end[d] = self.unpack[d]
+        return e
+
+
+class HaloPacker(_Handle):
+    """A halo packer (`cuferry_halo_packer_create`): packs every exchange's region of its array
+    into one buffer and unpacks the received buffer, on the packer's stream. Arrays are
+    `Buffer`s from `Library.device_buffer` on the packer's device, one per exchange."""
+
+    _free = "cuferry_halo_packer_destroy"
+
+    def __init__(self, lib, device, exchanges):
+        exchanges = list(exchanges)
+        n = len(exchanges)
+        table = (lib.structs["CuferryHaloExchange"] * n)(*(e._struct(lib) for e in exchanges))
+        out = ctypes.c_void_p()
+        lib.call("cuferry_halo_packer_create", device, table, n, ctypes.byref(out))
+        super().__init__(lib, out)
+        self.device, self.exchanges = device, n
+
+    def _arrays(self, arrays):
+        arrays = list(arrays)
+        return (ctypes.c_void_p * len(arrays))(*(a._live().value for a in arrays)), len(arrays)
+
+    def pack(self, arrays):
+        """Queues packing each exchange's region of `arrays[i]` into the pack buffer."""
+        self.lib.call("cuferry_halo_pack", self._live(), *self._arrays(arrays))
+
+    def unpack(self, arrays):
+        """Queues unpacking the unpack buffer into each exchange's region of `arrays[i]`."""
+        self.lib.call("cuferry_halo_unpack", self._live(), *self._arrays(arrays))
+
+    def loopback(self):
+        """Queues copying the pack buffer into the unpack buffer (one process as its own
+        neighbour)."""
+        self.lib.call("cuferry_halo_loopback", self._live())
+
+    def synchronize(self):
+        """Waits for the packer's queued work."""
+        self.lib.call("cuferry_halo_synchronize", self._live())
+
+    def pack_buffer(self):
+        """Waits, then gives (address, bytes) of the pack buffer (device memory on CUDA): send
+        from it, and wait for the send before the next `pack`."""
+        ptr, n = ctypes.c_void_p(), ctypes.c_size_t()
+        self.lib.call("cuferry_halo_pack_buffer", self._live(), ctypes.byref(ptr), ctypes.byref(n))
+        return ptr.value, n.value
+
+    def unpack_buffer(self):
+        """Waits, then gives (address, bytes) of the unpack buffer, to receive into before
+        `unpack`."""
+        ptr, n = ctypes.c_void_p(), ctypes.c_size_t()
+        self.lib.call("cuferry_halo_unpack_buffer", self._live(), ctypes.byref(ptr), ctypes.byref(n))
+        return ptr.value, n.value
+
+    def _host_buffer(self, which):
+        if self.device != HOST:
+            raise ValueError("the packer's buffers are device memory: use their addresses")
+        return which()
+
+    def read_packed(self):
+        """The packed bytes, after the queued pack (host backend only)."""
+        ptr, n = self._host_buffer(self.pack_buffer)
+        return b"" if n == 0 else ctypes.string_at(ptr, n)
+
+    def write_unpack(self, data):
+        """Fills the unpack buffer with `data`, exactly its size (host backend only)."""
+        data = bytes(data)
+        ptr, n = self._host_buffer(self.unpack_buffer)
+        if len(data) != n:
+            raise ValueError(f"{len(data)} bytes for a {n}-byte unpack buffer")
+        if n:
+            ctypes.memmove(ptr, data, n)
+
+
+# ---- managed memory -----------------------------------------------------------------------
+
+
+def _raw_stream(stream):
+    """A `cudaStream_t` for the managed calls: None (the legacy default stream), a `Stream`
+    (NULL for a host-backend one, whose pool takes no stream) or an int handle."""
+    if stream is None:
+        return None
+    if isinstance(stream, Stream):
+        return None if stream.device == HOST else stream.cuda_handle
+    if isinstance(stream, int) and not isinstance(stream, bool) and stream >= 0:
+        return stream
+    raise ValueError(f"stream {stream!r}: use None, a cuferry Stream or a cudaStream_t int")
+
+
+def _address(ptr):
+    """The address of a `ManagedAllocation`, or `ptr` itself (an int)."""
+    return ptr._live() if isinstance(ptr, ManagedAllocation) else ptr
+
+
+class ManagedAllocation(_Owned):
+    """Managed memory from `Library.managed_alloc`: `ptr`, `size`, `device`. `free()` (or leaving
+    a `with` block, or garbage collection) frees it once, in order on its stream (or another
+    given to `free`, ordered after the allocation): queue every use there first, or finish it.
+    A `Stream` it was allocated on must still be open when it is freed."""
+
+    def __init__(self, lib, ptr, size, device, stream):
+        self.lib, self.ptr, self.size, self.device, self._stream = lib, ptr, size, device, stream
+
+    def _live(self):
+        if self.ptr is None:
+            raise ValueError("ManagedAllocation used after free()")
+        return self.ptr
+
+    def free(self, stream=None):
+        """Frees the memory in order on `stream` (default: the allocation's); idempotent."""
+        if self.ptr is None:
+            return
+        # Resolved first: a freed `Stream` raises here and leaves the memory allocated.
+        raw = _raw_stream(self._stream if stream is None else stream)
+        ptr, self.ptr = self.ptr, None
+        self.lib.raw.cuferry_managed_free(ptr, self.size, self.device, raw)
+
+    def _finish(self):
+        self.free()

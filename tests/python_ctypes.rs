@@ -1,6 +1,7 @@
 //! cuferry's C ABI from Python via ctypes, on the host backend and, when present, on CUDA:
-//! a buffer round trip (tests/python/ctypes_roundtrip.py) and batches streamed through the slot
-//! ring by a producer thread (tests/python/ring_ctypes.py). SKIP without python3.
+//! a buffer round trip (tests/python/ctypes_roundtrip.py), batches streamed through the slot
+//! ring by a producer thread (tests/python/ring_ctypes.py), and halo packing and managed memory
+//! (tests/python/halo_managed_ctypes.py). SKIP without python3.
 
 mod common;
 
@@ -51,5 +52,17 @@ fn python_ring_on_host() {
 fn python_ring_on_cuda() {
     if common::cuda_device().is_some() {
         run("ring_ctypes.py", 0, "python ring passed");
+    }
+}
+
+#[test]
+fn python_halo_and_managed_on_host() {
+    run("halo_managed_ctypes.py", -1, "python halo and managed passed");
+}
+
+#[test]
+fn python_halo_and_managed_on_cuda() {
+    if common::cuda_device().is_some() {
+        run("halo_managed_ctypes.py", 0, "python halo and managed passed");
     }
 }

@@ -4,6 +4,8 @@
 //! Rules:
 //! - Exchanges are scalar quantities: elements of `element_size` bytes moved as they are
 //!   (rotations included). Vector quantities, which negate components, are for the Rust API.
+//!   The exchanges of one packer share one `element_size`; arrays of several element sizes
+//!   take one packer each.
 //! - Arrays are device buffers (`cuferry_device_alloc`) of the packer's device, one per
 //!   exchange, in exchange order; their size must cover the exchange's strided extent.
 //! - Packing and unpacking are queued on the packer's stream; `cuferry_halo_pack_buffer` and
