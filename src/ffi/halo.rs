@@ -16,8 +16,9 @@
 //!   before `cuferry_halo_pack` / `cuferry_halo_unpack` is called.
 //! - The addresses from `cuferry_halo_pack_buffer` / `cuferry_halo_unpack_buffer` stay valid
 //!   until the packer is destroyed (its memory then goes back to a pool, and may serve
-//!   another packer). The pack buffer's bytes are rewritten by the next `cuferry_halo_pack`:
-//!   wait for sends from it (`MPI_Wait`) first.
+//!   another packer, zeroed first: a new packer's buffers hold zeros). The pack buffer's
+//!   bytes are rewritten by the next `cuferry_halo_pack`: wait for sends from it (`MPI_Wait`)
+//!   first.
 //! - A packer is used by one thread at a time.
 
 use std::ffi::c_void;
@@ -123,7 +124,9 @@ pub unsafe extern "C" fn cuferry_halo_packer_create(
     })
 }
 
-/// Destroys a packer (NULL is a no-op); queued work still completes.
+/// Destroys a packer (NULL is a no-op); queued work still completes. On a CUDA device this
+/// blocks until the packer's queued launches have run (they read its descriptor tables), and
+/// errors of that work are not reported: call `cuferry_halo_synchronize` first to see them.
 ///
 /// # Safety
 ///

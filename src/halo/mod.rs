@@ -30,7 +30,9 @@
 //!   copies of contiguous rows, length-specialised short rows, tiled transposes for turns,
 //!   strided loops otherwise; AVX2 when the CPU has it), on several threads above 512 KiB, and
 //!   on the calling thread when it is at most 1 MiB and the stream is idle. Buffers come from
-//!   a pool keyed by (device, bytes) and go back to it when the packer is dropped.
+//!   a pool keyed by (device, bytes) and go back to it when the packer is dropped; a new
+//!   packer's buffers start zeroed, pooled or not (an unpack before any receive writes zeros,
+//!   never an earlier packer's bytes).
 //! - On CUDA, narrow runs (x-faces: a few elements per row at a pitch of kilobytes) cost a
 //!   whole L2 fetch from DRAM each. The packer leaves the device's fetch granularity alone;
 //!   [`Device::set_l2_fetch_granularity`] is the process-wide knob (`cuferry bench --section

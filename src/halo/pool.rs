@@ -1,11 +1,12 @@
 //! The pool of packed buffers, keyed by (device, size in bytes), shared by every packer.
 //!
 //! Rules:
-//! - A packer takes its buffers from the pool (or allocates zeroed ones: a pooled buffer holds
-//!   its earlier packer's bytes, so an unpack buffer read before anything was written into it
-//!   has unspecified contents) and gives them back
-//!   when dropped, with work possibly still queued on them: the buffer's use tracker orders the
+//! - A packer takes its buffers from the pool (or allocates new ones) and gives them back when
+//!   dropped, with work possibly still queued on them: the buffer's use tracker orders the
 //!   next user's work after it, and host reads wait for it, so no synchronisation is needed.
+//! - A loan starts zeroed, pooled or new: a pooled buffer is zeroed on the taker's stream
+//!   (after its earlier owner's work), so one packer's bytes never reach another packer's
+//!   arrays through an unpack that ran before anything was received.
 //! - The pool keeps at most [`MAX_PER_KEY`] buffers per key; extra buffers are freed (their
 //!   drop waits for their queued work). [`clear_buffer_pool`] frees every pooled buffer.
 //! - Buffers are freed outside the pool's lock, so a slow free never blocks other packers.
@@ -44,13 +45,16 @@ pub(crate) struct PooledBuffer {
 }
 
 impl PooledBuffer {
-    /// A buffer of `bytes` bytes on `stream`'s device: a pooled one, or a new zeroed one
-    /// (zeroing queued on `stream`).
+    /// A zeroed buffer of `bytes` bytes on `stream`'s device: a pooled one or a new one, the
+    /// zeroing queued on `stream` (a pooled buffer whose zeroing cannot be queued is freed).
     pub(crate) fn take(stream: &Stream, bytes: usize) -> Result<Self> {
         let key = (stream.device(), bytes);
         let pooled = if bytes == 0 { None } else { lock().get_mut(&key).and_then(Vec::pop) };
         let buf = match pooled {
-            Some(buf) => buf,
+            Some(buf) => {
+                buf.queue_zeroing(stream)?;
+                buf
+            }
             None => DeviceBuffer::zeroed(stream, bytes)?,
         };
         Ok(PooledBuffer { buf: Some(buf), key })

@@ -155,7 +155,7 @@ impl<T: Element> DeviceBuffer<T> {
 
     /// Queues on `stream` the zeroing of every byte (a memset on CUDA, a job on a host stream),
     /// ordered after every earlier use and before every later one.
-    fn queue_zeroing(&self, stream: &Stream) -> Result<()> {
+    pub(crate) fn queue_zeroing(&self, stream: &Stream) -> Result<()> {
         let (ptr, bytes) = (self.alloc.ptr(), self.alloc.bytes());
         if bytes == 0 {
             return Ok(());
