@@ -13,7 +13,9 @@
 //!   run under the queue's execution lock (the worker takes it for each job too), so a job
 //!   submitted while an inline one runs waits for it: queue order holds across threads. This
 //!   spares two thread hand-offs (worker wake-up, waiter wake-up), which cost more than a short
-//!   job itself.
+//!   job itself. A job is counted finished before its runner lets go of the execution lock, so
+//!   jobs are counted in the order they ran even when an inline runner and the worker take
+//!   turns (the counter numbers the failed job its error belongs to).
 //! - A thread knows when it is running a job ([`in_job`]), and of which queues
 //!   ([`QueueId::runs_on_this_thread`]), so code that would wait for queued work (a deferred
 //!   free past its caps) can avoid waiting for work behind itself. A job that waits for its
@@ -75,15 +77,18 @@ impl Progress {
         self.run_holding(job, self.exec());
     }
 
-    /// Runs one job (panics caught) while `running` (the execution lock) is held, releases
-    /// it, and counts the job finished.
+    /// Runs one job (panics caught) while `running` (the execution lock) is held, counts the
+    /// job finished, and releases the lock. In that order: released first, the next job (run
+    /// by another thread) could be counted before this one and take its number, so a failed
+    /// job's error would go to the wrong `synchronize`. Taking the state lock here, under the
+    /// execution lock, cannot deadlock with `submit_or_run`, which takes them the other way
+    /// round only on an idle queue, where no job holds the execution lock.
     fn run_holding(&self, job: Job, running: MutexGuard<'_, ()>) {
         let id = QueueId::of(self);
         RUNNING.with(|r| r.borrow_mut().push(id));
         let outcome = catch_unwind(AssertUnwindSafe(job))
             .unwrap_or_else(|panic| Err(Error::HostFnPanicked { message: take_panic_message(panic) }));
         RUNNING.with(|r| r.borrow_mut().pop());
-        drop(running);
         self.state.update(|st| {
             st.completed += 1;
             if let Err(err) = outcome {
@@ -91,7 +96,21 @@ impl Progress {
                 st.error.get_or_insert((job, err));
             }
         });
+        drop(running);
+        #[cfg(test)]
+        AFTER_RELEASE.with(|hook| {
+            if let Some(hook) = hook.borrow_mut().as_mut() {
+                hook();
+            }
+        });
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Test hook: runs on the thread that ran a job, right after it released the execution
+    /// lock (another thread may run the next job meanwhile).
+    static AFTER_RELEASE: RefCell<Option<Box<dyn FnMut()>>> = const { RefCell::new(None) };
 }
 
 thread_local! {
@@ -434,6 +453,60 @@ mod tests {
                 "round {round}: {later:?}"
             );
         }
+    }
+
+    /// An inline job fails while a `synchronize` waits for it and the worker waits to run the
+    /// next job: when the inline runner lets go of the execution lock, the worker runs that
+    /// job at once (the hook holds the runner until then). The waiter still gets the inline
+    /// job's error: the next job, finished first in time, must not be counted as the one
+    /// waited for.
+    #[test]
+    fn an_inline_jobs_error_reaches_its_waiter_when_the_worker_runs_the_next_job_at_once() {
+        let q = Arc::new(HostQueue::new(9006).unwrap());
+        let (next_ran, next_done) = mpsc::channel::<()>();
+        let (release, gate) = mpsc::channel::<()>();
+        let (started, inline_started) = mpsc::channel::<()>();
+        let runner = {
+            let q = Arc::clone(&q);
+            thread::spawn(move || {
+                // On this thread only: once the inline job released the lock, wait for the
+                // worker to run (and count) the next job before this thread goes on.
+                super::AFTER_RELEASE.with(|hook| {
+                    *hook.borrow_mut() = Some(Box::new(move || {
+                        let _ = next_done.recv_timeout(Duration::from_secs(10));
+                        thread::sleep(Duration::from_millis(20));
+                    }));
+                });
+                q.submit_or_run(Box::new(move || {
+                    started.send(()).unwrap();
+                    let _ = gate.recv();
+                    Err(Error::invalid("the inline job failed"))
+                }))
+            })
+        };
+        inline_started.recv().unwrap();
+        let waiter = {
+            let q = Arc::clone(&q);
+            thread::spawn(move || q.synchronize())
+        };
+        let since = std::time::Instant::now();
+        while q.progress.state.waiters() == 0 {
+            assert!(since.elapsed() < Duration::from_secs(10), "the waiter never waited");
+            thread::yield_now();
+        }
+        q.submit(Box::new(move || {
+            next_ran.send(()).unwrap();
+            Ok(())
+        }))
+        .unwrap();
+        release.send(()).unwrap();
+        let waited = waiter.join().unwrap();
+        assert!(
+            matches!(&waited, Err(Error::InvalidArgument { what }) if what.contains("inline job")),
+            "the waiter of the failed inline job got {waited:?}"
+        );
+        runner.join().unwrap().unwrap();
+        q.synchronize().unwrap();
     }
 
     #[test]
