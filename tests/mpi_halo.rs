@@ -5,7 +5,8 @@
 //!   (when a GPU is present) through pinned staging, equal to the host result bit for bit;
 //! - a rank failing mid-exchange makes every other rank return `PeerFailed` naming it (not
 //!   hang, not time out), and a silent rank makes its peers time out;
-//! - bad links are rejected on the rank that has them and reported to the others.
+//! - bad links are rejected on the rank that has them and reported to the others, and links
+//!   whose two ends do not match across ranks (tag, size) are rejected when built.
 
 mod common;
 mod cubed_sphere;
@@ -199,22 +200,20 @@ fn host_packer(ex: &HaloExchange) -> HaloPacker {
 }
 
 /// A ring of ranks, each with one 4 x 6 array (y, x): column 4 goes east into the neighbour's
-/// column 0, column 1 goes west into the neighbour's column 5.
-fn ring_links(me: i32, size: i32, wide_from_east: bool) -> (Vec<HaloLink>, Vec<HaloLink>) {
+/// column 0, column 1 goes west into the neighbour's column 5. Sends pack from tile 0; the
+/// receives unpack into tile `recv_tile`.
+fn ring_links(me: i32, size: i32, recv_tile: usize) -> (Vec<HaloLink>, Vec<HaloLink>) {
     let spec = column_spec();
     let east = HaloExchange::new(&spec, &[0..4, 4..5], 0, &[0..4, 0..1]).unwrap();
     let west = HaloExchange::new(&spec, &[0..4, 1..2], 0, &[0..4, 5..6]).unwrap();
     let packer = host_packer;
     let (right, left) = ((me + 1) % size, (me + size - 1) % size);
     let sends = vec![HaloLink::new(right, 0, 0, packer(&east)), HaloLink::new(left, 1, 0, packer(&west))];
-    // The message from the east neighbour travels west (tag 1) into column 5. A deliberately
-    // wrong receiver expects two columns there.
-    let from_east = if wide_from_east {
-        packer(&HaloExchange::new(&spec, &[0..4, 0..2], 0, &[0..4, 4..6]).unwrap())
-    } else {
-        packer(&west)
-    };
-    let recvs = vec![HaloLink::new(left, 0, 0, packer(&east)), HaloLink::new(right, 1, 0, from_east)];
+    // The message from the east neighbour travels west (tag 1) into column 5.
+    let recvs = vec![
+        HaloLink::new(left, 0, recv_tile, packer(&east)),
+        HaloLink::new(right, 1, recv_tile, packer(&west)),
+    ];
     (sends, recvs)
 }
 
@@ -225,10 +224,12 @@ fn periodic_ring_delivers_the_neighbours_columns() {
     let universe = mpi::initialize().expect("MPI initialises once");
     let world = universe.world();
     let (me, size) = (world.rank(), world.size());
-    let (sends, mut recvs) = ring_links(me, size, false);
+    let (sends, mut recvs) = ring_links(me, size, 0);
     // Receives listed in the other order than their sends: only the tags can pair them.
     recvs.reverse();
-    let mut comm = HaloCommunicator::new(&world, sends, recvs, ExchangeOptions::default()).unwrap();
+    // `Duration::MAX` waits forever (it used to overflow the deadline and panic).
+    let options = ExchangeOptions { timeout: Duration::MAX, ..Default::default() };
+    let mut comm = HaloCommunicator::new(&world, sends, recvs, options).unwrap();
     let stream = Stream::new(Device::Host).unwrap();
     let value =
         |rank: i32, step: i32, y: usize, x: usize| f64::from(rank * 1000 + step * 100) + (y * 6 + x) as f64;
@@ -272,18 +273,22 @@ fn a_rank_failing_mid_exchange_is_reported_to_every_rank() {
     let world = universe.world();
     let (me, size) = (world.rank(), world.size());
     let options = ExchangeOptions { timeout: Duration::from_secs(60), ..Default::default() };
-    let (sends, recvs) = ring_links(me, size, me == 2);
+    // Rank 2 unpacks into a second tile, whose array is too short: its receives are posted and
+    // its sends go out, then the first unpack (queued when a message landed) fails.
+    let (sends, recvs) = ring_links(me, size, usize::from(me == 2));
     let mut comm = HaloCommunicator::new(&world, sends, recvs, options).unwrap();
     let stream = Stream::new(Device::Host).unwrap();
     let a = DeviceBuffer::from_slice(&stream, &[1.0f64; 24]).unwrap();
+    let short = DeviceBuffer::from_slice(&stream, &[1.0f64; 12]).unwrap();
+    let (tile, short_tile) = ([&a], [&short]);
+    let tiles = [TileArrays { x: &tile[..], y: None }, TileArrays { x: &short_tile[..], y: None }];
     let mut seen = Vec::new();
     for _ in 0..4 {
-        seen.push(comm.exchange(&[&a], None));
+        seen.push(if me == 2 { comm.exchange_tiles(&tiles) } else { comm.exchange(&[&a], None) });
     }
     if me == 2 {
-        // The wrong receiver: the message lands, its size is wrong, the exchange fails.
         assert!(
-            matches!(&seen[0], Err(Error::InvalidArgument { what }) if what.contains("sent")),
+            matches!(&seen[0], Err(Error::InvalidArgument { what }) if what.contains("96 bytes")),
             "{:?}",
             seen[0]
         );
@@ -305,36 +310,50 @@ fn a_rank_failing_mid_exchange_is_reported_to_every_rank() {
     );
 }
 
-/// A message longer than its receive (rank 1 sends two columns west where rank 0 unpacks
-/// one) is an MPI error on the receiver and a `PeerFailed` on the sender, never an abort of
-/// the job (MPI frees the failed request; cancelling it again was fatal). The timeout is
-/// `Duration::MAX`: wait forever (it used to overflow the deadline and panic).
+/// Both ends of every message are matched when the communicator is built: a message longer
+/// than its receive (rank 1 sends two columns west where rank 0 unpacks one), a send that no
+/// receive takes (it would pile up unread every step) and a receive that no send feeds (it
+/// would wait out the deadline) fail `new` on the receiving rank and on its peers.
 #[test]
-fn a_too_long_message_is_an_error_not_an_abort() {
-    if !mpi_common::ranks("a_too_long_message_is_an_error_not_an_abort", 2) {
+fn links_that_do_not_match_across_ranks_are_rejected_when_built() {
+    if !mpi_common::ranks("links_that_do_not_match_across_ranks_are_rejected_when_built", 2) {
         return;
     }
     let universe = mpi::initialize().expect("MPI initialises once");
     let world = universe.world();
     let (me, size) = (world.rank(), world.size());
-    let options = ExchangeOptions { timeout: Duration::MAX, ..Default::default() };
-    let (mut sends, recvs) = ring_links(me, size, false);
+    let options = ExchangeOptions::default();
+    let refused_by_rank_0 = |r: Result<HaloCommunicator, Error>, text: &str| match me {
+        0 => assert!(matches!(&r, Err(Error::InvalidArgument { what }) if what.contains(text)), "{r:?}"),
+        _ => assert!(matches!(r, Err(Error::PeerFailed { rank: 0, .. })), "{r:?}"),
+    };
+    // Too long.
+    let (mut sends, recvs) = ring_links(me, size, 0);
     if me == 1 {
-        let spec = column_spec();
-        let wide_west = HaloExchange::new(&spec, &[0..4, 1..3], 0, &[0..4, 4..6]).unwrap();
+        let wide_west = HaloExchange::new(&column_spec(), &[0..4, 1..3], 0, &[0..4, 4..6]).unwrap();
         sends[1] = HaloLink::new(0, 1, 0, host_packer(&wide_west));
     }
+    refused_by_rank_0(HaloCommunicator::new(&world, sends, recvs, options), "unpacks");
+    // Rank 1 sends with tag 7, which rank 0 does not receive.
+    let (mut sends, recvs) = ring_links(me, size, 0);
+    if me == 1 {
+        let ex = HaloExchange::new(&column_spec(), &[0..4, 1..2], 0, &[0..4, 5..6]).unwrap();
+        sends.push(HaloLink::new(0, 7, 0, host_packer(&ex)));
+    }
+    refused_by_rank_0(HaloCommunicator::new(&world, sends, recvs, options), "pile up");
+    // Rank 0 receives with tag 9, which rank 1 never sends.
+    let (sends, mut recvs) = ring_links(me, size, 0);
+    if me == 0 {
+        let ex = HaloExchange::new(&column_spec(), &[0..4, 1..2], 0, &[0..4, 5..6]).unwrap();
+        recvs.push(HaloLink::new(1, 9, 0, host_packer(&ex)));
+    }
+    refused_by_rank_0(HaloCommunicator::new(&world, sends, recvs, options), "tag 9");
+    // And matching links still build and exchange.
+    let (sends, recvs) = ring_links(me, size, 0);
     let mut comm = HaloCommunicator::new(&world, sends, recvs, options).unwrap();
     let stream = Stream::new(Device::Host).unwrap();
     let a = DeviceBuffer::from_slice(&stream, &[1.0f64; 24]).unwrap();
-    let seen: Vec<_> = (0..4).map(|_| comm.exchange(&[&a], None)).collect();
-    let first_err = seen.iter().position(Result::is_err).expect("the long message fails the exchange");
-    if me == 0 {
-        assert!(matches!(&seen[first_err], Err(Error::Mpi { call: "MPI_Test", .. })), "{seen:?}");
-    } else {
-        assert!(matches!(&seen[first_err], Err(Error::PeerFailed { rank: 0, .. })), "{seen:?}");
-    }
-    assert!(seen[first_err + 1..].iter().all(|r| matches!(r, Err(Error::Closed { .. }))), "{seen:?}");
+    comm.exchange(&[&a], None).unwrap();
     world.barrier();
 }
 
@@ -391,7 +410,7 @@ fn a_silent_rank_makes_its_peers_time_out() {
     let world = universe.world();
     let (me, size) = (world.rank(), world.size());
     let options = ExchangeOptions { timeout: Duration::from_millis(500), ..Default::default() };
-    let (sends, recvs) = ring_links(me, size, false);
+    let (sends, recvs) = ring_links(me, size, 0);
     let mut comm = HaloCommunicator::new(&world, sends, recvs, options).unwrap();
     let stream = Stream::new(Device::Host).unwrap();
     let a = DeviceBuffer::from_slice(&stream, &[1.0f64; 24]).unwrap();

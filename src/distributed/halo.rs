@@ -6,8 +6,10 @@
 //!   pack buffer to `peer` with `tag`; a receive link receives from `peer` with `tag` into its
 //!   packer's unpack buffer and unpacks into a local tile's arrays. The two ends of a message
 //!   are built from the same exchanges on both ranks (the sender uses their pack side, the
-//!   receiver their unpack side), so the layouts agree by construction; the byte count of
-//!   every message is checked anyway.
+//!   receiver their unpack side), so the layouts agree by construction. [`HaloCommunicator::new`]
+//!   matches both ends of every message across ranks (a send to each receive with its tag and
+//!   byte count, and the reverse), and the byte count of every message is checked again when
+//!   it lands.
 //! - One `exchange` = post every receive, queue every pack at once, then (polling) send each
 //!   pack buffer as soon as its pack finished (sends overlap the packing of later links) and
 //!   queue each unpack as soon as its message landed; return when every message went out and
@@ -39,8 +41,11 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use ::mpi::collective::CommunicatorCollectives;
+use ::mpi::datatype::{Partition, PartitionMut};
 use ::mpi::raw::AsRaw;
 use ::mpi::topology::Communicator;
+use ::mpi::Count;
 
 use super::raw::{self, PrivateComm, RawRequest};
 use crate::copy::copy;
@@ -241,8 +246,9 @@ impl HaloCommunicator {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] for a peer outside the communicator, a tag outside
-    /// `0..MAX_TAG`, a (peer, tag) pair used twice in one direction, a message to self without
-    /// its receive (or a receive from self without its send, or of another size), a tile whose
+    /// `0..MAX_TAG`, a (peer, tag) pair used twice in one direction, a message without its
+    /// receive on the peer (or a receive without the peer's send, or of another size; to self
+    /// too; the receiving rank reports it, its peers [`Error::PeerFailed`]), a tile whose
     /// links mix scalar and vector packers, a message longer than `i32::MAX` bytes (an MPI
     /// count is an `int`); [`Error::Mpi`] and allocation errors of the staging buffers.
     pub fn new(
@@ -277,7 +283,83 @@ impl HaloCommunicator {
             });
         raw::agree(&comm, built.as_ref().err(), "its halo links were rejected")?;
         let (sends, recvs) = built?;
+        Self::match_peers(&comm, &sends, &recvs)?;
         Ok(HaloCommunicator { sends, recvs, comm, options, direct_cuda, closed: None })
+    }
+
+    /// Checks both ends of every message (collective over `comm`, once every rank's own links
+    /// passed [`HaloCommunicator::check_links`]): each rank sends each peer the (tag, bytes)
+    /// of its sends to it and checks them against its receives from that peer. A send that no
+    /// receive takes would pile up unread at the peer every step, a receive that no send feeds
+    /// would wait out the deadline, and a size that differs would fail the first exchange.
+    /// The receiving rank returns the mismatch, the others [`Error::PeerFailed`].
+    fn match_peers(comm: &PrivateComm, sends: &[LinkState], recvs: &[LinkState]) -> Result<()> {
+        let size = usize::try_from(comm.size()).unwrap_or(0);
+        let per_peer = |links: &[LinkState]| -> Vec<Vec<u64>> {
+            let mut lists = vec![Vec::new(); size];
+            for l in links {
+                // Peers are ranks of `comm` and tags are non-negative (checked).
+                lists[l.link.peer as usize].extend([l.link.tag as u64, l.link.packer.buffer_bytes() as u64]);
+            }
+            lists
+        };
+        let outgoing = per_peer(sends);
+        // Each fits an MPI count: a (peer, tag) pair is used once per direction and tags are
+        // below MAX_TAG, so one peer gets at most 2 * MAX_TAG numbers.
+        let send_counts: Vec<Count> = outgoing.iter().map(|l| l.len() as Count).collect();
+        let mut recv_counts = vec![0 as Count; size];
+        comm.all_to_all_into(&send_counts[..], &mut recv_counts[..]);
+        // Their sums need not: agreed on, so every rank skips the exchange when one cannot.
+        let displs = |counts: &[Count]| -> Option<Vec<Count>> {
+            let mut at: Count = 0;
+            let mut displs = Vec::with_capacity(counts.len());
+            for &c in counts {
+                displs.push(at);
+                at = at.checked_add(c)?;
+            }
+            Some(displs)
+        };
+        let (send_displs, recv_displs) = (displs(&send_counts), displs(&recv_counts));
+        let (Some(send_displs), Some(recv_displs)) = (send_displs, recv_displs) else {
+            let e = Error::invalid(
+                "this rank's halo links are too many to match with its peers' in one MPI call",
+            );
+            return raw::agree(comm, Some(&e), "its halo links could not be matched");
+        };
+        raw::agree(comm, None, "its halo links could not be matched")?;
+        let sent: Vec<u64> = outgoing.concat();
+        let mut received = vec![0u64; recv_counts.iter().map(|&c| c as usize).sum()];
+        comm.all_to_all_varcount_into(
+            &Partition::new(&sent[..], &send_counts[..], &send_displs[..]),
+            &mut PartitionMut::new(&mut received[..], &recv_counts[..], &recv_displs[..]),
+        );
+        let incoming = per_peer(recvs);
+        let mismatch = (0..size).find_map(|peer| {
+            let at = recv_displs[peer] as usize;
+            let theirs: Vec<(u64, u64)> =
+                received[at..at + recv_counts[peer] as usize].chunks_exact(2).map(|c| (c[0], c[1])).collect();
+            let mine: Vec<(u64, u64)> = incoming[peer].chunks_exact(2).map(|c| (c[0], c[1])).collect();
+            if let Some(&(tag, bytes)) = theirs.iter().find(|(t, b)| !mine.contains(&(*t, *b))) {
+                return Some(match mine.iter().find(|(t, _)| *t == tag) {
+                    Some((_, unpacks)) => format!(
+                        "rank {peer} sends this rank {bytes} bytes with tag {tag}, but the receive link \
+                         with it unpacks {unpacks}"
+                    ),
+                    None => format!(
+                        "rank {peer} sends this rank {bytes} bytes with tag {tag}, but no receive link \
+                         takes them (they would pile up unread every step)"
+                    ),
+                });
+            }
+            mine.iter().find(|(t, _)| !theirs.iter().any(|(u, _)| u == t)).map(|(tag, _)| {
+                format!(
+                    "this rank receives from rank {peer} with tag {tag}, but rank {peer} sends it nothing \
+                     with that tag (the exchange would wait out its deadline)"
+                )
+            })
+        });
+        let mismatch = mismatch.map(Error::invalid);
+        raw::agree(comm, mismatch.as_ref(), "its halo links do not match its peers' links")
     }
 
     fn check_links(me: i32, size: i32, sends: &[HaloLink], recvs: &[HaloLink]) -> Result<()> {
