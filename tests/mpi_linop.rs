@@ -243,8 +243,9 @@ fn local_specs_are_checked_like_batched_ones() {
 
 /// Checks that can fail on one rank only (its own `local` specs) are agreed on: that rank
 /// returns its error and the other `PeerFailed`, where the other used to block for good in the
-/// first collective call. Ranks that pass different batch sizes or base ranks all get
-/// `InvalidArgument` (their messages would not match). Then an operator is still made.
+/// first collective call. Ranks that pass different batch sizes, base ranks or element types
+/// (of one size) all get `InvalidArgument` (their messages would not match). Then an operator
+/// is still made.
 #[test]
 fn checks_failing_on_one_rank_and_mismatched_specs_are_agreed_on() {
     if !mpi_common::ranks("checks_failing_on_one_rank_and_mismatched_specs_are_agreed_on", 2) {
@@ -282,6 +283,27 @@ fn checks_failing_on_one_rank_and_mismatched_specs_are_agreed_on() {
             r.map(drop)
         );
     }
+    // Element types of one size (f64 and Complex<f32>): rank 1 would read rank 0's f64 values
+    // as pairs of f32.
+    let spec = DistributedBatchSpec::new(&[("x", 4)], ranks.clone());
+    let r = if me == 0 {
+        create_distributed_linop(Arc::clone(&op), &spec, &world).map(drop)
+    } else {
+        let w: Vec<Complex<f32>> = FIVE_WEIGHTS.iter().map(|&v| Complex::new(v as f32, 0.0)).collect();
+        let c: LinopRef<Complex<f32>> = Arc::new(
+            Diagonal::new(
+                Array::from_slice(&host, &[5], &w).unwrap(),
+                &["x"],
+                Dims::new(&[("x", 5)]).unwrap(),
+            )
+            .unwrap(),
+        );
+        create_distributed_linop(c, &spec, &world).map(drop)
+    };
+    assert!(
+        matches!(&r, Err(Error::InvalidArgument { what }) if what.contains("element types")),
+        "rank {me}: {r:?}"
+    );
     // Different local specs are each rank's own business.
     let local = vec![BatchSpec::new(&[("x", if me == 0 { 2 } else { 1 })])];
     let dist = create_distributed_linop(

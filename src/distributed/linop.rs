@@ -18,10 +18,11 @@
 //!   (`Add`) become a sum: `MPI_Reduce` (`MPI_Allreduce` for `apply_all`) when no output dim
 //!   is split, else each rank's partial blocks are gathered and summed on the base rank.
 //!   Complex values travel as pairs of reals, so sums are exact complex sums.
-//! - Errors never hang the others: before any data moves the ranks agree (`MPI_Allreduce`)
-//!   on whether every rank's checks, input and tiles succeeded; a failing rank returns its
-//!   error and the others [`Error::PeerFailed`] naming it. They also agree that they passed
-//!   the same operator dims, batch sizes, rank matrix and base rank (else every rank returns
+//! - Errors never hang the others: the ranks agree (`MPI_Allreduce`) on whether every rank's
+//!   checks and input succeeded before the input moves, and on whether its tiles succeeded
+//!   before the results meet; a failing rank returns its error and the others
+//!   [`Error::PeerFailed`] naming it. They also agree that they passed the same operator dims
+//!   and element type, batch sizes, rank matrix and base rank (else every rank returns
 //!   [`Error::InvalidArgument`]); `local` specs may differ between ranks. A rank that dies
 //!   outright is MPI's business (mpirun ends the job).
 //! - MPI messages carry at most `i32::MAX` scalars: the broadcast and the sum go in chunks.
@@ -265,7 +266,7 @@ pub fn create_distributed_linop<T: Field>(
     let planned = plan(&op, spec, comm.size(), comm.rank());
     agree(&comm, planned.as_ref().err(), "checking the operator and spec failed")?;
     let plan = planned?;
-    agree_on_spec(&comm, spec_fingerprint(&op, spec, std::mem::size_of::<T>()))?;
+    agree_on_spec(&comm, spec_fingerprint(&op, spec))?;
     let placed = place_local(plan.mine, &spec.local);
     agree(&comm, placed.as_ref().err(), "placing its tiles failed")?;
     let (host, tiles) = placed?;
@@ -357,17 +358,19 @@ fn plan<T: Field>(op: &LinopRef<T>, spec: &DistributedBatchSpec, size: i32, me: 
 
 /// A 64-bit FNV-1a hash of what every rank's plan of the data movement depends on: the
 /// operator's dims, the batch sizes, the rank matrix's shape and ranks, the base rank and the
-/// element size. Not the devices, nor the `local` specs: those are each rank's own business.
-fn spec_fingerprint<T: Field>(op: &LinopRef<T>, spec: &DistributedBatchSpec, elem: usize) -> u64 {
+/// element type (by name: `f64` and `Complex<f32>` have one size but are not one type). Not
+/// the devices, nor the `local` specs: those are each rank's own business.
+fn spec_fingerprint<T: Field>(op: &LinopRef<T>, spec: &DistributedBatchSpec) -> u64 {
     let ranks: Vec<i32> = spec.ranks.entries.iter().map(|e| e.rank).collect();
     let text = format!(
-        "{:?}|{:?}|{:?}|{:?}|{:?}|{}|{elem}",
+        "{:?}|{:?}|{:?}|{:?}|{:?}|{}|{}",
         op.idims(),
         op.odims(),
         spec.batch_sizes,
         spec.ranks.shape,
         ranks,
-        spec.base_rank
+        spec.base_rank,
+        T::NAME
     );
     text.bytes()
         .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
@@ -383,8 +386,8 @@ fn agree_on_spec(comm: &SimpleCommunicator, print: u64) -> Result<()> {
     comm.all_reduce_into(&mine[..], &mut least[..], SystemOperation::min());
     if least[0] != !least[1] {
         return Err(Error::invalid(
-            "the ranks passed operators of different dims, or specs of different batch sizes, rank \
-             matrices or base ranks (every rank must pass the same)",
+            "the ranks passed operators of different dims or element types, or specs of different \
+             batch sizes, rank matrices or base ranks (every rank must pass the same)",
         ));
     }
     Ok(())
