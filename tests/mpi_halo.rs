@@ -401,6 +401,49 @@ fn a_rank_that_only_sends_hears_of_a_peers_failure() {
     world.barrier();
 }
 
+/// Rank 0 receives column 0 from rank 1 and from rank 2: the result would depend on which
+/// message landed last, so the exchange is refused on rank 0 (as one packer refuses two
+/// overlapping unpack regions), and the senders hear of it. Disjoint columns from two links
+/// are fine (the ring tests).
+#[test]
+fn receive_links_overlapping_on_one_array_are_refused() {
+    if !mpi_common::ranks("receive_links_overlapping_on_one_array_are_refused", 3) {
+        return;
+    }
+    let universe = mpi::initialize().expect("MPI initialises once");
+    let world = universe.world();
+    let me = world.rank();
+    let east = HaloExchange::new(&column_spec(), &[0..4, 4..5], 0, &[0..4, 0..1]).unwrap();
+    let (sends, recvs) = if me == 0 {
+        (vec![], vec![HaloLink::new(1, 0, 0, host_packer(&east)), HaloLink::new(2, 0, 0, host_packer(&east))])
+    } else {
+        (vec![HaloLink::new(0, 0, 0, host_packer(&east))], vec![])
+    };
+    let mut comm = HaloCommunicator::new(&world, sends, recvs, ExchangeOptions::default()).unwrap();
+    let stream = Stream::new(Device::Host).unwrap();
+    let a = DeviceBuffer::from_slice(&stream, &[1.0f64; 24]).unwrap();
+    let first = comm.exchange(&[&a], None);
+    world.barrier(); // rank 0 has failed and sent its notices
+    if me == 0 {
+        assert!(
+            matches!(&first, Err(Error::InvalidArgument { what }) if what.contains("overlapping")),
+            "{first:?}"
+        );
+    } else {
+        let mut seen = vec![first];
+        for _ in 0..200 {
+            if seen.last().is_some_and(Result::is_err) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+            seen.push(comm.exchange(&[&a], None));
+        }
+        let err = seen.iter().find(|r| r.is_err()).expect("the sender never heard of rank 0's refusal");
+        assert!(matches!(err, Err(Error::PeerFailed { rank: 0, .. })), "rank {me}: {seen:?}");
+    }
+    world.barrier();
+}
+
 #[test]
 fn a_silent_rank_makes_its_peers_time_out() {
     if !mpi_common::ranks("a_silent_rank_makes_its_peers_time_out", 3) {

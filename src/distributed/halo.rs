@@ -15,7 +15,10 @@
 //!   queue each unpack as soon as its message landed; return when every message went out and
 //!   every unpack finished. Every pack is queued before any unpack, and the arrays' trackers
 //!   keep that order, so packs read the arrays as they were before the exchange (corners
-//!   taken from halos see the old halos), exactly as a single-process pack-then-unpack.
+//!   taken from halos see the old halos), exactly as a single-process pack-then-unpack. As
+//!   there, no two unpack regions of one array may overlap, across links too (messages land
+//!   in any order): checked before the first exchange posts anything, and again only when
+//!   the arrays change.
 //! - Memory handed to MPI: host-backend buffers always go straight to MPI; CUDA buffers go
 //!   straight to MPI only when the MPI is CUDA-aware ([`cuda_aware_mpi`], or forced with
 //!   [`Staging::Direct`]), otherwise through pinned staging buffers made once per link.
@@ -51,7 +54,7 @@ use super::raw::{self, PrivateComm, RawRequest};
 use crate::copy::copy;
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::halo::HaloPacker;
+use crate::halo::{HaloExchange, HaloPacker};
 use crate::memory::{DeviceBuffer, Element, PinnedBuffer};
 
 /// Tags of links are below this; the communicator uses this tag for failure notices.
@@ -235,6 +238,9 @@ pub struct HaloCommunicator {
     options: ExchangeOptions,
     direct_cuda: bool,
     closed: Option<Error>,
+    /// The addresses of the receive links' unpack targets last checked for overlaps between
+    /// links ([`HaloCommunicator::check_receive_overlaps`]).
+    recv_checked: Option<Vec<usize>>,
 }
 
 impl HaloCommunicator {
@@ -284,7 +290,7 @@ impl HaloCommunicator {
         raw::agree(&comm, built.as_ref().err(), "its halo links were rejected")?;
         let (sends, recvs) = built?;
         Self::match_peers(&comm, &sends, &recvs)?;
-        Ok(HaloCommunicator { sends, recvs, comm, options, direct_cuda, closed: None })
+        Ok(HaloCommunicator { sends, recvs, comm, options, direct_cuda, closed: None, recv_checked: None })
     }
 
     /// Checks both ends of every message (collective over `comm`, once every rank's own links
@@ -499,8 +505,10 @@ impl HaloCommunicator {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for a link naming a missing tile, the errors of
-    /// [`HaloPacker::pack`] and [`HaloPacker::unpack`] (bad arrays), a message of the wrong
+    /// [`Error::InvalidArgument`] for a link naming a missing tile, two receive links
+    /// unpacking into overlapping regions of one array (or into one array with two specs;
+    /// refused before anything is sent), the errors of [`HaloPacker::pack`] and
+    /// [`HaloPacker::unpack`] (bad arrays), a message of the wrong
     /// size; [`Error::PeerFailed`] when a peer reported a failure; [`Error::Timeout`] when the
     /// peers did not complete in time; [`Error::Mpi`] and CUDA errors; [`Error::Closed`] once
     /// an exchange failed. A failure closes the communicator and tells the peers.
@@ -529,6 +537,7 @@ impl HaloCommunicator {
                 )));
             }
         }
+        self.check_receive_overlaps(tiles)?;
         let mut timing = ExchangeTiming::default();
         // Receives first: no message has to wait as unexpected.
         for r in &mut self.recvs {
@@ -637,6 +646,53 @@ impl HaloCommunicator {
 
     /// Closes the communicator after `err`: tells every peer, abandons pending requests, and
     /// leaks the buffers MPI may still access.
+    /// Rejects two receive links that unpack into overlapping regions of one array, or into
+    /// one array with two specs: their messages land in any order, so the cells would hold
+    /// whichever came last. Within one link its packer refuses this; across links only this
+    /// check sees it. Checked before anything is posted, again only when the arrays change.
+    fn check_receive_overlaps<T: Element>(&mut self, tiles: &[TileArrays<'_, T>]) -> Result<()> {
+        // (array address, receive link, exchange) of every unpack target.
+        let mut targets: Vec<(usize, usize, &HaloExchange)> = Vec::new();
+        for (i, r) in self.recvs.iter().enumerate() {
+            let (x, y) = per_exchange(&r.link, &tiles[r.link.tile])?;
+            let packer = &r.link.packer;
+            targets.extend(x.iter().zip(packer.exchanges_x()).map(|(a, ex)| (a.as_ptr() as usize, i, ex)));
+            if let (Some(y), Some(ey)) = (y, packer.exchanges_y()) {
+                targets.extend(y.iter().zip(ey).map(|(a, ex)| (a.as_ptr() as usize, i, ex)));
+            }
+        }
+        let key: Vec<usize> = targets.iter().map(|t| t.0).collect();
+        if self.recv_checked.as_ref() == Some(&key) {
+            return Ok(());
+        }
+        for (n, &(addr_a, link_a, ea)) in targets.iter().enumerate() {
+            for &(addr_b, link_b, eb) in &targets[n + 1..] {
+                if addr_a != addr_b || link_a == link_b {
+                    continue;
+                }
+                let (la, lb) = (&self.recvs[link_a].link, &self.recvs[link_b].link);
+                let links = format!(
+                    "the receive links from rank {} (tag {}) and rank {} (tag {})",
+                    la.peer, la.tag, lb.peer, lb.tag
+                );
+                if ea.spec() != eb.spec() {
+                    return Err(Error::invalid(format!(
+                        "{links} unpack into one array with different specs"
+                    )));
+                }
+                let (ra, rb) = (ea.unpack_region(), eb.unpack_region());
+                if ra.iter().zip(rb).all(|(r, s)| r.start < s.end && s.start < r.end) {
+                    return Err(Error::invalid(format!(
+                        "{links} unpack into overlapping regions {ra:?} and {rb:?} of one array (the \
+                         later message would win)"
+                    )));
+                }
+            }
+        }
+        self.recv_checked = Some(key);
+        Ok(())
+    }
+
     fn fail(&mut self, err: &Error) {
         self.closed = Some(err.clone());
         let comm = self.comm.as_raw();

@@ -185,6 +185,16 @@ impl HaloPacker {
         self.plan.exchanges_y.is_some()
     }
 
+    /// The exchanges of the x components (of every quantity, for scalars), one per quantity.
+    pub fn exchanges_x(&self) -> &[HaloExchange] {
+        &self.plan.exchanges_x
+    }
+
+    /// The exchanges of the y components of vector quantities (`None` for scalars).
+    pub fn exchanges_y(&self) -> Option<&[HaloExchange]> {
+        self.plan.exchanges_y.as_deref()
+    }
+
     /// Number of quantities (exchanges per list).
     pub fn quantities(&self) -> usize {
         self.plan.exchanges_x.len()
