@@ -444,6 +444,70 @@ fn receive_links_overlapping_on_one_array_are_refused() {
     world.barrier();
 }
 
+/// A failure with messages in flight leaks only the buffers MPI may still use: the links'
+/// packers and their streams (a worker thread each on the host backend) are freed, so a rank
+/// that rebuilds its communicator after each failure does not pile up threads. Rank 1 fails
+/// before posting anything; rank 0's receives are then pending when it hears of it.
+#[test]
+fn failures_with_messages_in_flight_do_not_pile_up_threads() {
+    if !mpi_common::ranks("failures_with_messages_in_flight_do_not_pile_up_threads", 2) {
+        return;
+    }
+    let universe = mpi::initialize().expect("MPI initialises once");
+    let world = universe.world();
+    let me = world.rank();
+    let peer = 1 - me;
+    let threads = || std::fs::read_dir("/proc/self/task").map(Iterator::count).unwrap_or(0);
+    let stream = Stream::new(Device::Host).unwrap();
+    let mut start = 0;
+    for round in 0..4 {
+        // An array per round: an array read by packs on the links' streams and never written
+        // (the unpacks did not run) remembers those reads, streams included, until dropped.
+        let a = DeviceBuffer::from_slice(&stream, &[1.0f64; 24]).unwrap();
+        if round == 1 {
+            // After a first round: whatever MPI and the host packers start once is running.
+            start = threads();
+        }
+        // Six links each way, one column each (receives into one array must not overlap).
+        let links = || {
+            (0..6)
+                .map(|c| {
+                    let column = HaloExchange::new(&column_spec(), &[0..4, c..c + 1], 0, &[0..4, c..c + 1]);
+                    HaloLink::new(peer, c as i32, 0, host_packer(&column.unwrap()))
+                })
+                .collect()
+        };
+        let mut comm = HaloCommunicator::new(&world, links(), links(), ExchangeOptions::default()).unwrap();
+        let r = if me == 1 { comm.exchange_tiles::<f64>(&[]) } else { comm.exchange(&[&a], None) };
+        match me {
+            1 => assert!(
+                matches!(&r, Err(Error::InvalidArgument { what }) if what.contains("tile 0")),
+                "{r:?}"
+            ),
+            _ => assert!(matches!(r, Err(Error::PeerFailed { rank: 1, .. })), "{r:?}"),
+        }
+        drop(comm);
+        world.barrier();
+    }
+    // A dropped stream's worker finishes its queue and exits on its own: wait for them.
+    let since = std::time::Instant::now();
+    while threads() > start + 2 && since.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let names = || -> Vec<String> {
+        std::fs::read_dir("/proc/self/task")
+            .map(|d| d.filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok()).collect())
+            .unwrap_or_default()
+    };
+    assert!(
+        threads() <= start + 2,
+        "rank {me}: {} threads after three failures, {start} before: {:?}",
+        threads(),
+        names()
+    );
+    world.barrier();
+}
+
 #[test]
 fn a_silent_rank_makes_its_peers_time_out() {
     if !mpi_common::ranks("a_silent_rank_makes_its_peers_time_out", 3) {

@@ -28,9 +28,12 @@
 //!   returns) are not bounded by it: a stalled local stream blocks like any synchronize. A rank whose exchange fails tells its peers (a message
 //!   on a reserved tag of the communicator's private duplicate), and they return
 //!   [`Error::PeerFailed`] instead of waiting for it. After any failure the communicator is
-//!   closed ([`Error::Closed`] from then on): messages may still be in flight, so its buffers
-//!   are leaked rather than freed under MPI (at most one step's buffers and the notice, once),
-//!   and when they were, its links are gone too ([`HaloCommunicator::sends`] is empty).
+//!   closed ([`Error::Closed`] from then on): messages may still be in flight, so the buffers
+//!   of those messages are leaked rather than freed under MPI (at most one step's message
+//!   buffers and the notice, once), and when they were, its links are gone too
+//!   ([`HaloCommunicator::sends`] is empty): everything else of theirs (streams and their
+//!   threads, descriptor tables, the other buffers) is freed, so a caller that recovers by
+//!   building a new communicator does not pile up threads.
 //! - That promise starts at [`HaloCommunicator::new`], a collective every rank must reach: a
 //!   rank that fails before calling it (building its packers, say) leaves the others blocked
 //!   in it, as with any MPI collective. Build what can fail first, then call `new` everywhere.
@@ -709,20 +712,25 @@ impl HaloCommunicator {
         self.drop_requests();
     }
 
-    /// Cancels and frees every request (their `Drop`); when one may still have been in
-    /// flight, leaks every link's buffers, which MPI may still read or write.
+    /// Cancels and frees every request (their `Drop`). When one may still have been in flight,
+    /// the links go: the buffer MPI may still read or write for a pending request (its pinned
+    /// stage, or its packer's buffers) is leaked, and the rest of every link is dropped.
     fn drop_requests(&mut self) {
         let in_flight = self.sends.iter().chain(&self.recvs).any(LinkState::pending);
-        if in_flight {
-            let mut links: Vec<LinkState> = self.sends.drain(..).chain(self.recvs.drain(..)).collect();
-            for s in &mut links {
-                s.request = None;
-            }
-            std::mem::forget(links);
-        } else {
+        if !in_flight {
             for s in self.sends.iter_mut().chain(self.recvs.iter_mut()) {
                 s.request = None;
             }
+            return;
+        }
+        for mut s in self.sends.drain(..).chain(self.recvs.drain(..)) {
+            if s.pending() {
+                match s.stage.take() {
+                    Some(stage) => stage.leak(),
+                    None => s.link.packer.leak_buffers(),
+                }
+            }
+            s.request = None;
         }
     }
 }

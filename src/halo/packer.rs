@@ -185,6 +185,14 @@ impl HaloPacker {
         self.plan.exchanges_y.is_some()
     }
 
+    /// Leaks the pack and unpack buffers (never freed, never pooled again): MPI may still read
+    /// or write them after a failed exchange. Every later use of the packer fails.
+    #[cfg(feature = "mpi")]
+    pub(crate) fn leak_buffers(&mut self) {
+        self.pack_buf.leak();
+        self.unpack_buf.leak();
+    }
+
     /// The exchanges of the x components (of every quantity, for scalars), one per quantity.
     pub fn exchanges_x(&self) -> &[HaloExchange] {
         &self.plan.exchanges_x

@@ -67,6 +67,14 @@ impl PooledBuffer {
         Ok(buf)
     }
 
+    /// Leaks the buffer: never freed, never pooled (memory another party may still use).
+    #[cfg(feature = "mpi")]
+    pub(crate) fn leak(&mut self) {
+        if let Some(buf) = self.buf.take() {
+            buf.leak();
+        }
+    }
+
     /// The buffer, writable. Not checked: a caller who replaced it with one that does not fit
     /// can put a fitting one back; every [`PooledBuffer::get`] checks.
     pub(crate) fn get_mut(&mut self) -> Result<&mut DeviceBuffer<u8>> {

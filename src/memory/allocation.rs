@@ -165,6 +165,15 @@ fn is_out_of_memory(err: &Error) -> bool {
 }
 
 impl TrackedAllocation {
+    /// Leaks the memory (never freed, never cached): for memory another party (MPI) may still
+    /// read or write. The tracker's uses are dropped, so the streams they name are not kept
+    /// alive with it.
+    #[cfg(feature = "mpi")]
+    pub(crate) fn leak(mut self) {
+        self.tracker.forget_uses();
+        std::mem::forget(self);
+    }
+
     /// Zeroed page-aligned host memory.
     pub(crate) fn host_zeroed(bytes: usize) -> Result<Self> {
         retry_after_deferred_frees(DrawsOn::Host, || Self::try_host_zeroed(bytes))

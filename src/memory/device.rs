@@ -38,6 +38,12 @@ pub struct DeviceBuffer<T: Element> {
 }
 
 impl<T: Element> DeviceBuffer<T> {
+    /// Leaks the memory (see [`TrackedAllocation::leak`]): MPI may still use it.
+    #[cfg(feature = "mpi")]
+    pub(crate) fn leak(self) {
+        self.alloc.leak();
+    }
+
     /// Allocates `len` elements on `device` without initialising them.
     ///
     /// # Safety

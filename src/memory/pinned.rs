@@ -58,6 +58,12 @@ pub struct PinnedBuffer<T: Element> {
 }
 
 impl<T: Element> PinnedBuffer<T> {
+    /// Leaks the memory (see [`TrackedAllocation::leak`]): MPI may still use it.
+    #[cfg(feature = "mpi")]
+    pub(crate) fn leak(self) {
+        self.alloc.leak();
+    }
+
     /// `len` zeroed elements of pinned memory for use with `device`.
     ///
     /// # Errors

@@ -150,6 +150,15 @@ impl UseTracker {
         UseTracker { uses: Mutex::default(), origin: Some(origin) }
     }
 
+    /// Drops every remembered use and the allocation stream (their streams and events): for
+    /// memory that is leaked, whose tracker is never waited on, and must not keep streams
+    /// (a host stream's worker thread) alive with it.
+    #[cfg(feature = "mpi")]
+    pub(crate) fn forget_uses(&mut self) {
+        *self.uses.get_mut().unwrap_or_else(|e| e.into_inner()) = Uses::default();
+        self.origin = None;
+    }
+
     /// The allocation stream of stream-ordered memory.
     pub(crate) fn origin(&self) -> Option<&Stream> {
         self.origin.as_ref()
