@@ -8,7 +8,9 @@
 //!   [`take_drop_error`](crate::take_drop_error), never panicked on. An allocation marked
 //!   for deferred freeing (a cached one, or in tests `defer_free`) is handed to the
 //!   [reaper](super::reaper) instead of waiting, when its work has not finished and the
-//!   reaper's caps on pending frees allow.
+//!   reaper's caps on pending frees allow. Dropped inside a host stream's job (whose thread
+//!   may have no current device), a CUDA allocation makes its device current before querying
+//!   its tracker, as the reaper does, so no context is created on device 0.
 //! - An allocation made through the [cache](super::cache) ([`TrackedAllocation::cached`]) is
 //!   deferred as above and, once its work has finished, goes back to the cache instead of
 //!   being freed (freed when the cache is full).
@@ -358,6 +360,13 @@ impl Drop for TrackedAllocation {
         // Inside a host stream's job, waiting could be for work queued behind that job, which
         // never runs: every allocation dropped there with work pending goes to the reaper.
         let in_job = crate::stream::host::in_job();
+        if let (true, Some(ordinal)) = (in_job, self.cuda_ordinal()) {
+            // A host stream's worker may have no current device: querying the tracker's CUDA
+            // events there would create a context on device 0, which a process using only
+            // other GPUs never asked for (the reaper does the same). A failure leaves the
+            // query to report it.
+            let _ = crate::cuda::device::make_current(ordinal);
+        }
         if (self.deferred || in_job) && !matches!(self.tracker.is_idle(), Ok(true)) {
             let capped = if in_job { Capped::No } else { Capped::Yes };
             match super::reaper::defer(self.take(), capped) {

@@ -155,6 +155,12 @@ impl<T: Element> HostRegistration<T> {
             // Handed back by `into_inner`, or leaked by a failed release that reported why.
             return Ok(());
         }
+        if let (true, Some(ordinal)) = (self.pinned, self.device.cuda_ordinal()) {
+            // The unregister below makes the device current anyway; first, so that the wait
+            // on a thread with no current device (a host stream's worker) does not create a
+            // context on device 0. A failure leaves the wait to report it.
+            let _ = crate::cuda::device::make_current(ordinal);
+        }
         if let Err(err) = self.tracker.wait_idle() {
             // A copy may still be running: never hand back or free the memory. Its
             // registration is leaked with it (a later `release`, from `Drop` after
