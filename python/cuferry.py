@@ -13,9 +13,9 @@ Rules:
   or buffer only when no other thread is using it; a ring's `free()` closes it and waits for
   the calls in progress on other threads (consumers blocked in `next` return `Closed`).
 - Timeouts are in seconds (None waits for good, 0 never waits); the ABI's are microseconds.
-- A negative value for an unsigned C parameter (a size, count or offset) raises ValueError
-  before the call through `Library.call` and the classes: ctypes would wrap it to a huge
-  number, and the library would answer about that number instead.
+- A value outside an unsigned C parameter's range (a negative or too large size, count or
+  offset; a bool) raises ValueError before the call through `Library.call` and the classes:
+  ctypes would wrap it to another number, and the library would answer about that one.
 - Device -1 (`HOST`) is the host backend: everything runs without a GPU.
 - Halo packers (`Library.halo_packer`) take `HaloExchange` descriptions and `Buffer`s from
   `device_buffer`, one per exchange; a description is checked here (dims, negative values,
@@ -44,10 +44,12 @@ import math
 import os
 import re
 import threading
+import warnings
+import weakref
 
 __all__ = [
-    "HOST", "CuferryError", "WouldBlock", "Timeout", "Closed", "Library", "load", "HaloExchange",
-    "HaloPacker", "ManagedAllocation",
+    "HOST", "CuferryError", "WouldBlock", "Timeout", "Closed", "AllocationFailed", "Library", "load",
+    "HaloExchange", "HaloPacker", "ManagedAllocation",
 ]
 
 HOST = -1
@@ -74,6 +76,11 @@ class Closed(CuferryError):
     """The ring was closed (CUFERRY_STATUS_CLOSED); consumers see it once drained."""
 
 
+class AllocationFailed(CuferryError):
+    """`cuferry_managed_malloc` returned NULL. That call returns no status (it keeps PyTorch's
+    allocator signature): `status` is None, `name` "NULL", and the message says why."""
+
+
 # ---- the header ---------------------------------------------------------------------------
 
 _SCALARS = {
@@ -84,8 +91,19 @@ _SCALARS = {
     "bool": ctypes.c_bool, "float": ctypes.c_float, "double": ctypes.c_double,
     "char": ctypes.c_char,
 }
-# The unsigned integer types of those: a negative Python int for one is refused (module rules).
+# The unsigned integer types of those: a Python int outside one's range is refused (module rules).
 _UNSIGNED = (ctypes.c_uint8, ctypes.c_uint16, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_uint)
+_SIZE_BITS = 8 * ctypes.sizeof(ctypes.c_size_t)
+
+
+def _uint(value, bits, what):
+    """`value` if it is an int (not a bool) in 0..2**bits, else ValueError: ctypes would wrap a
+    negative or too large number to another one, and the library would answer about that."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{what} is {value!r}, but the C parameter is an unsigned integer")
+    if not 0 <= value < 2**bits:
+        raise ValueError(f"{what} is {value}, but the C parameter is unsigned, below 2**{bits}")
+    return value
 
 
 class _Header:
@@ -189,15 +207,15 @@ class Library:
             fn = getattr(self.raw, name)
             fn.argtypes = [_ctype(p, self.structs, header.opaque) for p in params]
             fn.restype = _ctype(ret, self.structs, header.opaque)
-            self._unsigned[name] = [i for i, t in enumerate(fn.argtypes) if t in _UNSIGNED]
+            self._unsigned[name] = [(i, 8 * ctypes.sizeof(t)) for i, t in enumerate(fn.argtypes) if t in _UNSIGNED]
             if ret == "enum CuferryStatus":
                 self._checked.add(name)
 
     def call(self, name, *args):
         """Calls C function `name`; a status other than OK raises (see the module rules)."""
-        for i in self._unsigned[name]:
-            if i < len(args) and isinstance(args[i], int) and args[i] < 0:
-                raise ValueError(f"{name}: argument {i + 1} is {args[i]}, but the C parameter is unsigned")
+        for i, bits in self._unsigned[name]:
+            if i < len(args) and isinstance(args[i], int):
+                _uint(args[i], bits, f"{name}: argument {i + 1}")
         return self._check(name, getattr(self.raw, name)(*args))
 
     def _check(self, name, result):
@@ -281,36 +299,39 @@ class Library:
     def managed_alloc(self, device, nbytes, stream=None):
         """`nbytes` (> 0) of managed memory from `device`'s pool (HOST: the host backend's
         pool of plain host memory), in order on `stream` (see the module rules)."""
-        if nbytes <= 0:
-            raise ValueError(f"managed_alloc: {nbytes} bytes; allocate at least one")
-        ptr = self.raw.cuferry_managed_malloc(nbytes, device, _raw_stream(stream))
+        _uint(nbytes, _SIZE_BITS - 1, "managed_alloc: nbytes")  # an ssize_t
+        if nbytes == 0:
+            raise ValueError("managed_alloc: 0 bytes; allocate at least one")
+        ptr = self.raw.cuferry_managed_malloc(nbytes, device, _raw_stream(stream, device))
         if not ptr:
             message = (self.raw.cuferry_last_error_message() or b"").decode(errors="replace")
-            # The allocator pair returns no status: NULL and the message are all it gives.
-            raise CuferryError("cuferry_managed_malloc", None, "NULL", message)
-        return ManagedAllocation(self, ptr, nbytes, device, stream)
+            raise AllocationFailed("cuferry_managed_malloc", None, "NULL", message)
+        allocation = ManagedAllocation(self, ptr, nbytes, device, stream)
+        if isinstance(stream, Stream):
+            stream._allocations.add(allocation)
+        return allocation
 
     def location(self, where):
-        """`where` ("host", a device ordinal, ("numa", node), "numa_current" or None) as a
-        `CuferryLocation`; None is kind 0, which the library refuses where advice needs one."""
+        """`where` ("host" or `HOST`, a device ordinal, ("numa", node) or "numa_current") as a
+        `CuferryLocation`."""
         c, loc = self.const, self.structs["CuferryLocation"]
-        if where is None:
-            return loc(0, 0)
-        if where == "host":
+        if where == "host" or (isinstance(where, int) and not isinstance(where, bool) and where == HOST):
             return loc(c.CUFERRY_LOCATION_HOST, 0)
         if where == "numa_current":
             return loc(c.CUFERRY_LOCATION_HOST_NUMA_CURRENT, 0)
         if isinstance(where, int) and not isinstance(where, bool) and 0 <= where < 2**31:
             return loc(c.CUFERRY_LOCATION_DEVICE, where)
         if (isinstance(where, tuple) and len(where) == 2 and where[0] == "numa"
-                and isinstance(where[1], int) and 0 <= where[1] < 2**31):
+                and isinstance(where[1], int) and not isinstance(where[1], bool) and 0 <= where[1] < 2**31):
             return loc(c.CUFERRY_LOCATION_HOST_NUMA, where[1])
-        raise ValueError(f"location {where!r}: use \"host\", a device ordinal, (\"numa\", node) or \"numa_current\"")
+        raise ValueError(
+            f"location {where!r}: use \"host\" (or HOST), a device ordinal, (\"numa\", node) or \"numa_current\"")
 
     def prefetch(self, ptr, nbytes, where, stream=None):
         """Queues moving `nbytes` of managed memory at `ptr` (an address or a
         `ManagedAllocation`) to `where`, on `stream`."""
-        self.call("cuferry_managed_prefetch", _address(ptr), nbytes, self.location(where), _raw_stream(stream))
+        self.call("cuferry_managed_prefetch", _address(ptr), nbytes, self.location(where),
+                  _raw_stream(stream, _device_of(ptr)))
 
     def prefetch_batch(self, ranges, where, stream=None):
         """Queues moving every (address or `ManagedAllocation`, nbytes) range to `where` in one
@@ -318,11 +339,13 @@ class Library:
         ranges = list(ranges)
         n = len(ranges)
         for _, nbytes in ranges:
-            if nbytes < 0:
-                raise ValueError(f"prefetch_batch: a range of {nbytes} bytes")
+            _uint(nbytes, _SIZE_BITS, "prefetch_batch: a range's size")
+        location = self.location(where)
+        devices = {_device_of(p) for p, _ in ranges} - {None}
+        raw = _raw_stream(stream, devices.pop() if len(devices) == 1 else None)
         ptrs = (ctypes.c_void_p * n)(*(_address(p) for p, _ in ranges))
         sizes = (ctypes.c_size_t * n)(*(nbytes for _, nbytes in ranges))
-        self.call("cuferry_managed_prefetch_batch", ptrs, sizes, n, self.location(where), _raw_stream(stream))
+        self.call("cuferry_managed_prefetch_batch", ptrs, sizes, n, location, raw)
 
     def advise(self, ptr, nbytes, advice, where=None):
         """Gives `advice` ("set_read_mostly", "set_preferred_location", "set_accessed_by", and
@@ -332,7 +355,13 @@ class Library:
                  if k.startswith("CUFERRY_ADVISE_")}
         if advice not in names:
             raise ValueError(f"advice {advice!r}: use one of {sorted(names)}")
-        self.call("cuferry_managed_advise", _address(ptr), nbytes, names[advice], self.location(where))
+        located = advice in ("set_preferred_location", "set_accessed_by", "unset_accessed_by")
+        if located and where is None:
+            raise ValueError(f"advice {advice!r} names a location: pass where=")
+        if not located and where is not None:
+            raise ValueError(f"advice {advice!r} names no location, but where={where!r} was given")
+        location = self.location(where) if located else self.structs["CuferryLocation"](0, 0)
+        self.call("cuferry_managed_advise", _address(ptr), nbytes, names[advice], location)
 
     def pool_stats(self, device):
         """Byte counters of `device`'s managed pool as a dict (reserved_current, reserved_high,
@@ -423,6 +452,16 @@ class Stream(_Handle):
         lib.call("cuferry_stream_create", device, ctypes.byref(out))
         super().__init__(lib, out)
         self.device = device
+        # Managed allocations made on this stream and not freed yet (see `free`).
+        self._allocations = weakref.WeakSet()
+
+    def free(self):
+        """Destroys the stream (work already queued still runs); idempotent. While managed
+        allocations made on it are live, it first waits for its work, so that they can be
+        freed later on the legacy default stream in order."""
+        if self.handle is not None and self.device != HOST and any(a.ptr for a in self._allocations):
+            self.synchronize()
+        super().free()
 
     def synchronize(self):
         """Waits for everything queued on the stream."""
@@ -686,12 +725,12 @@ class HaloExchange:
         for what, values in (("strides", strides), ("pack", self.pack), ("unpack", self.unpack)):
             if len(values) != n:
                 raise ValueError(f"{what} has {len(values)} entries for a {n}-d array")
-        numbers = [self.element_size, self.rotation, *self.shape, *strides]
-        numbers += [i for pair in self.pack + self.unpack for i in pair]
-        if any(not isinstance(v, int) or v < 0 for v in numbers):
-            raise ValueError(f"halo exchange: sizes, strides, bounds and rotation are ints >= 0: {numbers}")
+        _uint(self.element_size, 32, "halo exchange: element_size (>= 0)")
+        _uint(self.rotation, 32, "halo exchange: rotation (>= 0)")
+        for v in [*self.shape, *strides, *(i for pair in self.pack + self.unpack for i in pair)]:
+            _uint(v, _SIZE_BITS, "halo exchange: a size, stride or bound (>= 0)")
         for what, d in (("x_dim", self.x_dim), ("y_dim", self.y_dim)):
-            if d is not None and not (isinstance(d, int) and 0 <= d < n):
+            if d is not None and not (isinstance(d, int) and not isinstance(d, bool) and 0 <= d < n):
                 raise ValueError(f"{what} {d!r} of a {n}-d array")
         e = lib.structs["CuferryHaloExchange"]()
         e.element_size, e.ndim, e.rotation = self.element_size, n, self.rotation
@@ -778,14 +817,20 @@ class HaloPacker(_Handle):
 # ---- managed memory -----------------------------------------------------------------------
 
 
-def _raw_stream(stream):
-    """A `cudaStream_t` for the managed calls: None (the legacy default stream), a `Stream`
-    (NULL for a host-backend one, whose pool takes no stream) or an int handle."""
+def _raw_stream(stream, device=None):
+    """A `cudaStream_t` for the managed calls on memory of `device` (None: not known): None
+    (the legacy default stream), a `Stream` (NULL for a host-backend one, whose pool takes no
+    stream; refused for CUDA memory, where it would silently be the legacy stream) or an int
+    handle."""
     if stream is None:
         return None
     if isinstance(stream, Stream):
-        return None if stream.device == HOST else stream.cuda_handle
-    if isinstance(stream, int) and not isinstance(stream, bool) and stream >= 0:
+        if stream.device == HOST:
+            if device is not None and device != HOST:
+                raise ValueError(f"a host-backend Stream for memory of CUDA device {device}")
+            return None
+        return stream.cuda_handle
+    if isinstance(stream, int) and not isinstance(stream, bool) and 0 <= stream < 2**64:
         return stream
     raise ValueError(f"stream {stream!r}: use None, a cuferry Stream or a cudaStream_t int")
 
@@ -795,11 +840,19 @@ def _address(ptr):
     return ptr._live() if isinstance(ptr, ManagedAllocation) else ptr
 
 
+def _device_of(ptr):
+    """The device of a `ManagedAllocation` (None for a plain address)."""
+    return ptr.device if isinstance(ptr, ManagedAllocation) else None
+
+
 class ManagedAllocation(_Owned):
     """Managed memory from `Library.managed_alloc`: `ptr`, `size`, `device`. `free()` (or leaving
     a `with` block, or garbage collection) frees it once, in order on its stream (or another
     given to `free`, ordered after the allocation): queue every use there first, or finish it.
-    A `Stream` it was allocated on must still be open when it is freed."""
+    Once a `Stream` it was allocated on is freed (which then waits for its work), it is freed
+    on the legacy default stream. A raw `cudaStream_t` it was allocated on must outlive it, or
+    be replaced by a live stream given to `free`. A free that fails during garbage collection
+    warns (ResourceWarning); the memory then stays allocated."""
 
     def __init__(self, lib, ptr, size, device, stream):
         self.lib, self.ptr, self.size, self.device, self._stream = lib, ptr, size, device, stream
@@ -813,10 +866,23 @@ class ManagedAllocation(_Owned):
         """Frees the memory in order on `stream` (default: the allocation's); idempotent."""
         if self.ptr is None:
             return
-        # Resolved first: a freed `Stream` raises here and leaves the memory allocated.
-        raw = _raw_stream(self._stream if stream is None else stream)
+        if stream is None:
+            stream = self._stream
+            if isinstance(stream, Stream) and stream.handle is None:
+                stream = None  # freed, after waiting for its work (Stream.free)
+        # Resolved first: a bad stream raises here and leaves the memory allocated.
+        raw = _raw_stream(stream, self.device)
         ptr, self.ptr = self.ptr, None
         self.lib.raw.cuferry_managed_free(ptr, self.size, self.device, raw)
 
     def _finish(self):
         self.free()
+
+    def __del__(self):
+        try:
+            self._finish()
+        except Exception as e:  # noqa: BLE001 - reported, not raised, from garbage collection
+            try:
+                warnings.warn(f"managed allocation of {self.size} bytes not freed: {e}", ResourceWarning)
+            except Exception:  # interpreter shutdown
+                pass

@@ -113,6 +113,12 @@ raises(ValueError, lambda: lib.halo_packer(device, [cuferry.HaloExchange(4, [8, 
 raises(ValueError, lambda: cuferry.HaloExchange(4, [8], [range(0, 8, 2)], [(0, 4)]), "step 1")
 raises(ValueError, lambda: lib.halo_packer(device, [cuferry.HaloExchange(4, [8], [(0, 1)], [(0, 1)], x_dim=1)]),
        "x_dim")
+raises(ValueError, lambda: lib.halo_packer(device, [cuferry.HaloExchange(2**32 + 4, [8], [(0, 1)], [(1, 2)])]),
+       "below 2**32")
+raises(ValueError, lambda: lib.halo_packer(device, [cuferry.HaloExchange(4, [2**64 + 8], [(0, 1)], [(1, 2)])]),
+       "below 2**64")
+raises(ValueError, lambda: lib.halo_packer(device, [cuferry.HaloExchange(4, [8], [(0, 1)], [(1, 2)], x_dim=True)]),
+       "x_dim")
 # ... and by the library, with its message.
 e = raises(cuferry.CuferryError, lambda: lib.halo_packer(
     device, [cuferry.HaloExchange(4, [8, 8], [(0, 2), (0, 8)], [(6, 8), (0, 4)])]))
@@ -157,14 +163,21 @@ with lib.stream(device) as stream:
         # Errors: a range past the allocation, an advice needing a location without one, bad
         # names, and negative sizes.
         raises(cuferry.CuferryError, lambda: lib.prefetch(m, N + 1, here, stream), "past the end")
-        raises(cuferry.CuferryError, lambda: lib.advise(m, N, "set_accessed_by"), "location kind 0")
+        raises(ValueError, lambda: lib.advise(m, N, "set_accessed_by"), "pass where=")
+        raises(ValueError, lambda: lib.advise(m, N, "set_read_mostly", "host"), "names no location")
         raises(cuferry.CuferryError, lambda: lib.advise(m, N, "set_accessed_by", ("numa", 0)), "NUMA")
         raises(ValueError, lambda: lib.advise(m, N, "read_mostly"), "set_read_mostly")
         raises(ValueError, lambda: lib.prefetch(m, N, "gpu", stream), "location")
         raises(ValueError, lambda: lib.prefetch(m, N, -2, stream), "location")
         raises(ValueError, lambda: lib.prefetch(m, -1, here, stream), "unsigned")
-        raises(ValueError, lambda: lib.prefetch_batch([(m, -1)], here, stream), "bytes")
+        raises(ValueError, lambda: lib.prefetch_batch([(m, -1)], here, stream), "unsigned")
         raises(ValueError, lambda: lib.prefetch(m, N, here, "stream"), "stream")
+        # Numbers ctypes would wrap to small ones, and bools, are refused before the call.
+        raises(ValueError, lambda: lib.prefetch(m, 2**64 + 8, here, stream), "below 2**64")
+        raises(ValueError, lambda: lib.prefetch_batch([(m, 2**64 + 8)], here, stream), "below 2**64")
+        raises(ValueError, lambda: lib.prefetch(m, True, here, stream), "unsigned integer")
+        raises(ValueError, lambda: lib.prefetch(m, N, here, 2**64 + 1), "stream")
+        raises(ValueError, lambda: lib.prefetch(m, N, ("numa", True), stream), "location")
         stream.synchronize()
     stream.synchronize()  # the free is queued on the stream; the driver counts it once run
     after = lib.pool_stats(device)
@@ -172,10 +185,24 @@ with lib.stream(device) as stream:
     raises(ValueError, lambda: lib.prefetch(m, N, "host"), "after free")
     m.free()  # idempotent
     raises(ValueError, lambda: lib.managed_alloc(device, 0), "at least one")
+    raises(ValueError, lambda: lib.managed_alloc(device, 2**64 + 16), "below 2**63")
+    raises(ValueError, lambda: lib.managed_alloc(device, -1), "unsigned")
     raises(cuferry.CuferryError, lambda: lib.prefetch(0x1000, 64, "host", stream), "not inside managed memory")
     if HOST:
         # The allocator pair reports a failure as NULL and the last error message.
-        e = raises(cuferry.CuferryError, lambda: lib.managed_alloc(device, 1 << 62), "")
-        assert e.name == "NULL" and e.message, e
+        e = raises(cuferry.AllocationFailed, lambda: lib.managed_alloc(device, 1 << 62), "")
+        assert e.name == "NULL" and e.status is None and e.message, e
+        # HOST names the host as a location too, so device-generic code runs on the host backend.
+        with lib.managed_alloc(device, 4096) as small:
+            lib.prefetch(small, 4096, cuferry.HOST)
+            lib.advise(small, 4096, "set_preferred_location", cuferry.HOST)
+# An allocation outliving the Stream it was made on is freed (on the legacy default stream, the
+# stream's work waited for when it was freed), and counted freed.
+stream = lib.stream(device)
+before = lib.pool_stats(device)["used_current"]
+late = lib.managed_alloc(device, 4096, stream)
+stream.free()
+late.free()
+assert lib.pool_stats(device)["used_current"] == before, "the allocation outliving its stream stayed allocated"
 
 print("python halo and managed passed")
