@@ -22,11 +22,12 @@ Rules:
   ranges of step 1) and then by the library, whose message names the problem.
 - Managed memory (`Library.managed_alloc`, `prefetch`, `prefetch_batch`, `advise`) names
   streams as None (the legacy default stream), a `Stream`, or a raw `cudaStream_t` int
-  (`torch.cuda.current_stream().cuda_stream`); locations as "host", a device ordinal,
-  ("numa", node) or "numa_current"; advice by the name of its `CUFERRY_ADVISE_*` constant
-  in lower case ("set_read_mostly", ...). A `ManagedAllocation` is freed once, in order on
-  its stream; the C free returns no status, so a failed free only sets the library's last
-  error message.
+  (`torch.cuda.current_stream().cuda_stream`); locations as "host" (or `HOST`), a device
+  ordinal, ("numa", node) or "numa_current"; advice by the name of its `CUFERRY_ADVISE_*`
+  constant in lower case ("set_read_mostly", ...). A `ManagedAllocation` is freed once, in
+  order on its stream (the legacy default stream once that `Stream` is freed, which then
+  waits for its work); the C free returns no status, so a failed free only sets the
+  library's last error message.
 
 Example (host backend; pass 0 for the first CUDA device):
 
