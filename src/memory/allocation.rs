@@ -8,12 +8,13 @@
 //!   [`take_drop_error`](crate::take_drop_error), never panicked on. An allocation marked
 //!   for deferred freeing (a cached one, or in tests `defer_free`) is handed to the
 //!   [reaper](super::reaper) instead of waiting, when its work has not finished and the
-//!   reaper's caps on pending frees allow. Dropped inside a host stream's job (whose thread
-//!   may have no current device), a CUDA allocation makes its device current before querying
-//!   its tracker, as the reaper does, so no context is created on device 0.
+//!   reaper's caps on pending frees allow. A dropped CUDA allocation makes its device current
+//!   before querying its tracker, as the reaper does: on a thread with no current device (a
+//!   host stream's worker, a new thread) the query would create a context on device 0.
 //! - An allocation made through the [cache](super::cache) ([`TrackedAllocation::cached`]) is
 //!   deferred as above and, once its work has finished, goes back to the cache instead of
-//!   being freed (freed when the cache is full).
+//!   being freed (freed when the cache is full). It is made at its size class, or at the exact
+//!   size asked for when the class does not fit in memory (and then never cached).
 //! - An allocation that fails for lack of memory frees the memory of the kind it draws on
 //!   ([`DrawsOn`]: host and pinned memory, its device's, or for managed memory all of it)
 //!   that the cache holds, that is leaving the cache, or that waits in the reaper for its
@@ -157,6 +158,21 @@ fn retry_after_frees_in<R>(
     }
 }
 
+/// `allocate(capacity)`, or, when that fails for lack of memory and `capacity` (a size class)
+/// is larger than the `bytes` asked for, `allocate(bytes)`: a class is up to a quarter
+/// larger, and memory the exact size would fit in must not be refused. (The first call
+/// already freed what the cache and the pending frees held, before its own retry.)
+fn class_or_exact(
+    capacity: usize,
+    bytes: usize,
+    mut allocate: impl FnMut(usize) -> Result<TrackedAllocation>,
+) -> Result<TrackedAllocation> {
+    match allocate(capacity) {
+        Err(err) if capacity > bytes && is_out_of_memory(&err) => allocate(bytes),
+        other => other,
+    }
+}
+
 /// Whether `err` is an allocation failing for lack of memory (CUDA's, or the host's).
 fn is_out_of_memory(err: &Error) -> bool {
     match err {
@@ -239,16 +255,18 @@ impl TrackedAllocation {
             return Ok((alloc, true));
         }
         let capacity = if cacheable { class } else { bytes };
-        let mut alloc = match place {
-            Place::Host => Self::host_zeroed(capacity)?,
-            Place::CudaDevice(ordinal) => Self::cuda_device(ordinal, capacity)?,
+        let mut alloc = class_or_exact(capacity, bytes, |n| match place {
+            Place::Host => Self::host_zeroed(n),
+            Place::CudaDevice(ordinal) => Self::cuda_device(ordinal, n),
             Place::CudaPinned(ordinal) => {
-                Self::cuda_pinned_zeroed(ordinal, capacity, crate::sys::CUFERRY_PINNED_PORTABLE as u32)?
+                Self::cuda_pinned_zeroed(ordinal, n, crate::sys::CUFERRY_PINNED_PORTABLE as u32)
             }
-        };
+        })?;
+        // Only a block of its class's size can serve later requests of that class.
+        let recycle = alloc.capacity == capacity && cacheable;
         alloc.bytes = bytes;
         alloc.deferred = true;
-        alloc.recycle = cacheable;
+        alloc.recycle = recycle;
         cache.count(ServedBy::Fresh);
         Ok((alloc, false))
     }
@@ -360,11 +378,12 @@ impl Drop for TrackedAllocation {
         // Inside a host stream's job, waiting could be for work queued behind that job, which
         // never runs: every allocation dropped there with work pending goes to the reaper.
         let in_job = crate::stream::host::in_job();
-        if let (true, Some(ordinal)) = (in_job, self.cuda_ordinal()) {
-            // A host stream's worker may have no current device: querying the tracker's CUDA
-            // events there would create a context on device 0, which a process using only
-            // other GPUs never asked for (the reaper does the same). A failure leaves the
-            // query to report it.
+        if let Some(ordinal) = self.cuda_ordinal() {
+            // The dropping thread may have no current device (a host stream's worker, a
+            // user's new thread): querying the tracker's CUDA events there would create a
+            // context on device 0, which a process using only other GPUs never asked for (the
+            // reaper does the same; the free below makes the device current anyway). A
+            // failure leaves the query to report it.
             let _ = crate::cuda::device::make_current(ordinal);
         }
         if (self.deferred || in_job) && !matches!(self.tracker.is_idle(), Ok(true)) {
@@ -429,6 +448,38 @@ mod tests {
             name: "cudaErrorMemoryAllocation",
             description: "out of memory",
         }
+    }
+
+    /// A size class that does not fit is tried at the exact size asked for, once, and only
+    /// for lack of memory; an exact-size request is not tried twice.
+    #[test]
+    fn a_class_that_does_not_fit_falls_back_to_the_exact_size() {
+        let sizes = std::sync::Mutex::new(Vec::new());
+        let fits_up_to = |limit: usize| {
+            let sizes = &sizes;
+            move |n: usize| {
+                sizes.lock().unwrap().push(n);
+                if n > limit {
+                    Err(out_of_memory())
+                } else {
+                    TrackedAllocation::host_zeroed(n)
+                }
+            }
+        };
+        let (class, bytes) = (5 << 10, 4100);
+        let alloc = super::class_or_exact(class, bytes, fits_up_to(bytes)).unwrap();
+        assert_eq!((alloc.capacity(), sizes.lock().unwrap().clone()), (bytes, vec![class, bytes]));
+        sizes.lock().unwrap().clear();
+        let refused = super::class_or_exact(bytes, bytes, fits_up_to(bytes - 1));
+        assert!(refused.is_err());
+        assert_eq!(sizes.lock().unwrap().clone(), vec![bytes], "an exact request was tried twice");
+        sizes.lock().unwrap().clear();
+        let other = super::class_or_exact(class, bytes, |n| {
+            sizes.lock().unwrap().push(n);
+            Err(Error::invalid("not a lack of memory"))
+        });
+        assert!(matches!(other, Err(Error::InvalidArgument { .. })));
+        assert_eq!(sizes.lock().unwrap().clone(), vec![class], "another error was retried");
     }
 
     /// An allocation failing for lack of memory while a deferred free waits for its work is
