@@ -336,10 +336,12 @@ typedef struct cuferry_linop_contraction {
 } cuferry_linop_contraction;
 
 /** The strided map for element type `dtype` (CUFERRY_LINOP_*), alpha = alpha_re + i alpha_im
- *  (real types use alpha_re). One launch, errors checked. */
+ *  (real types use alpha_re). One launch, errors checked; none for an empty shape, which
+ *  touches neither pointer (an empty buffer's is NULL). */
 cuferry_status cuferry_cuda_linop_map(int32_t dtype, const cuferry_linop_map *map, const void *src, void *dst,
                                       double alpha_re, double alpha_im, cuferry_stream stream);
-/** The contraction for element type `dtype`: one thread per output element. */
+/** The contraction for element type `dtype`: one thread per output element. No launch for
+ *  no outputs; an empty reduction writes zeros and reads neither `x` nor `w` (NULL there). */
 cuferry_status cuferry_cuda_linop_contract(int32_t dtype, const cuferry_linop_contraction *c, const void *x,
                                            const void *w, void *out, cuferry_stream stream);
 

@@ -103,12 +103,29 @@ unsigned blocks_for(long long n) {
   return static_cast<unsigned>(b < 1 ? 1 : (b > 65535 ? 65535 : b));
 }
 
+long long map_total(const cuferry_linop_map &m) {
+  long long total = 1;
+  for (int k = 0; k < m.ndim; ++k) total *= m.shape[k];
+  return total;
+}
+
+// The number of outputs and, per output, of reduced elements.
+void contract_counts(const cuferry_linop_contraction &c, long long *outputs, long long *reduced) {
+  *outputs = 1;
+  *reduced = 1;
+  for (int k = 0; k < c.ndim; ++k) {
+    if (c.out_strides[k] != 0) {
+      *outputs *= c.shape[k];
+    } else {
+      *reduced *= c.shape[k];
+    }
+  }
+}
+
 template <typename T>
 cuferry_status launch_map(const cuferry_linop_map &m, const void *src, void *dst, double re, double im,
                           cudaStream_t s) {
-  long long total = 1;
-  for (int k = 0; k < m.ndim; ++k) total *= m.shape[k];
-  if (total == 0) return CUFERRY_STATUS_SUCCESS;
+  const long long total = map_total(m);
   const T alpha = Ops<T>::from(re, im);
   const T *const from = static_cast<const T *>(src);
   T *const to = static_cast<T *>(dst);
@@ -121,15 +138,8 @@ cuferry_status launch_map(const cuferry_linop_map &m, const void *src, void *dst
 template <typename T>
 cuferry_status launch_contract(const cuferry_linop_contraction &c, const void *x, const void *w, void *out,
                                cudaStream_t s) {
-  long long outputs = 1, reduced = 1;
-  for (int k = 0; k < c.ndim; ++k) {
-    if (c.out_strides[k] != 0) {
-      outputs *= c.shape[k];
-    } else {
-      reduced *= c.shape[k];
-    }
-  }
-  if (outputs == 0) return CUFERRY_STATUS_SUCCESS;
+  long long outputs = 0, reduced = 0;
+  contract_counts(c, &outputs, &reduced);
   return cf_launch(contract_kernel<T>, blocks_for(outputs), kThreads, s, c, static_cast<const T *>(x),
                    static_cast<const T *>(w), static_cast<T *>(out), outputs, reduced);
 }
@@ -143,6 +153,9 @@ cuferry_status cuferry_cuda_linop_map(int32_t dtype, const cuferry_linop_map *ma
   CF_REQUIRE(map);
   CF_REQUIRE(stream);
   if (map->ndim < 0 || map->ndim > CUFERRY_LINOP_MAX_DIMS) return CUFERRY_STATUS_BAD_ENUM;
+  if (dtype < CUFERRY_LINOP_F32 || dtype > CUFERRY_LINOP_C64) return CUFERRY_STATUS_BAD_ENUM;
+  // Nothing to do, and nothing touched: an empty buffer's address is NULL.
+  if (map_total(*map) == 0) return CUFERRY_STATUS_SUCCESS;
   CF_REQUIRE(src);
   CF_REQUIRE(dst);
   const cudaStream_t s = cf_stream(stream);
@@ -161,8 +174,16 @@ cuferry_status cuferry_cuda_linop_contract(int32_t dtype, const cuferry_linop_co
   CF_REQUIRE(c);
   CF_REQUIRE(stream);
   if (c->ndim < 0 || c->ndim > CUFERRY_LINOP_MAX_DIMS) return CUFERRY_STATUS_BAD_ENUM;
-  CF_REQUIRE(x);
-  CF_REQUIRE(w);
+  if (dtype < CUFERRY_LINOP_F32 || dtype > CUFERRY_LINOP_C64) return CUFERRY_STATUS_BAD_ENUM;
+  long long outputs = 0, reduced = 0;
+  contract_counts(*c, &outputs, &reduced);
+  // No outputs: nothing to do. An empty reduction writes zeros without reading `x` or `w`,
+  // which are then empty buffers (NULL addresses).
+  if (outputs == 0) return CUFERRY_STATUS_SUCCESS;
+  if (reduced > 0) {
+    CF_REQUIRE(x);
+    CF_REQUIRE(w);
+  }
   CF_REQUIRE(out);
   const cudaStream_t s = cf_stream(stream);
   CF_TRY(cf_use_stream_device(s));

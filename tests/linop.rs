@@ -719,6 +719,27 @@ fn cuda_kernels_take_layouts_past_eight_dims() {
     }
 }
 
+/// Empty arrays on CUDA: a permuted empty array reads back (a map over no elements), and a
+/// Dense over an empty input dim gives zeros (a contraction over an empty reduction, whose
+/// input and weight buffers have no address), forward and adjoint, as on the host.
+#[test]
+fn cuda_kernels_take_empty_arrays() {
+    let Some(dev) = util::cuda_device() else { return };
+    let (h, c) = (host(), DeviceSpec::new(dev).unwrap());
+    let empty = Array::<f64>::zeros(&c, &[0, 3]).unwrap();
+    assert_eq!(empty.permute(&[1, 0]).unwrap().to_vec().unwrap(), Vec::<f64>::new());
+    let w = Array::<f64>::zeros(&h, &[0, 4]).unwrap();
+    let op: LinopRef<f64> =
+        Arc::new(Dense::new(w, &["x", "o"], dims(&[("x", 0)]), dims(&[("o", 4)])).unwrap());
+    for (op, input) in [(Arc::clone(&op), vec![0]), (op.adjoint(), vec![4])] {
+        let x = Array::<f64>::zeros(&h, &input).unwrap();
+        let want = op.apply(&x).unwrap().to_vec().unwrap();
+        let up = ToDevice::new(h.clone(), c.clone(), op.idims().clone());
+        let on_gpu = op.place_on(&c).unwrap().apply(&up.apply(&x).unwrap()).unwrap();
+        assert_eq!(on_gpu.to_vec().unwrap(), want);
+    }
+}
+
 /// cuda:0 -> cuda:1 -> host when two devices exist.
 #[test]
 fn cuda_to_cuda_transfer() {

@@ -37,6 +37,10 @@ pub(crate) fn check(call: &'static str, status: sys::cuferry_status) -> Result<(
         sys::CUFERRY_STATUS_NOT_BUILT => Err(Error::unsupported(format!(
             "{call}: CUDA is not available in this build ({NOT_BUILT_REASON})"
         ))),
+        // cuferry's own checks of the arguments, not CUDA failures.
+        sys::CUFERRY_STATUS_NULL_ARGUMENT | sys::CUFERRY_STATUS_BAD_ENUM => {
+            Err(Error::invalid(format!("{call}: {} ({status})", status_name(status))))
+        }
         sys::CUFERRY_CUDA_INSUFFICIENT_DRIVER => Err(Error::NoDriver { call }),
         sys::CUFERRY_CUDA_NO_DEVICE => Err(Error::NoDevice { call }),
         code => Err(Error::Cuda { call, code, name: status_name(code), description: status_string(code) }),

@@ -566,7 +566,7 @@ const _: () = {
         [::std::mem::offset_of!(cuferry_linop_contraction, conj) - 276usize];
 };
 unsafe extern "C" {
-    #[doc = " The strided map for element type `dtype` (CUFERRY_LINOP_*), alpha = alpha_re + i alpha_im\n  (real types use alpha_re). One launch, errors checked."]
+    #[doc = " The strided map for element type `dtype` (CUFERRY_LINOP_*), alpha = alpha_re + i alpha_im\n  (real types use alpha_re). One launch, errors checked; none for an empty shape, which\n  touches neither pointer (an empty buffer's is NULL)."]
     pub fn cuferry_cuda_linop_map(
         dtype: i32,
         map: *const cuferry_linop_map,
@@ -578,7 +578,7 @@ unsafe extern "C" {
     ) -> cuferry_status;
 }
 unsafe extern "C" {
-    #[doc = " The contraction for element type `dtype`: one thread per output element."]
+    #[doc = " The contraction for element type `dtype`: one thread per output element. No launch for\n  no outputs; an empty reduction writes zeros and reads neither `x` nor `w` (NULL there)."]
     pub fn cuferry_cuda_linop_contract(
         dtype: i32,
         c: *const cuferry_linop_contraction,
