@@ -13,7 +13,8 @@
  *   `CUFERRY_STATUS_PANIC`.
  * - Devices are `int32_t`: `CUFERRY_HOST` (-1) is the host backend, 0.. are CUDA ordinals.
  * - Handles (`CuferryStream`, `CuferryBuffer`, ...) are opaque; NULL handles are rejected with
- *   `CUFERRY_STATUS_INVALID_ARGUMENT`, except by the functions that destroy or free a handle,
+ *   `CUFERRY_STATUS_INVALID_ARGUMENT`, except by the functions that destroy or free a handle
+ *   (the `_destroy` and `_free` calls, `cuferry_ring_abandon` and `cuferry_ring_release`),
  *   for which NULL is a no-op returning `CUFERRY_STATUS_OK` (as `free(NULL)`). Using a handle
  *   after destroying it is undefined, as in C.
  * - Buffers keep cuferry's ordering rules: copies on one buffer run in the order queued, and
@@ -785,7 +786,7 @@ enum CuferryStatus cuferry_ring_publish(struct CuferryRingSlot *slot,
                                         size_t bytes);
 
 /**
- * Gives a slot back unpublished. Consumes the handle.
+ * Gives a slot back unpublished. Consumes the handle; NULL is a no-op (as `free(NULL)`).
  *
  * # Safety
  *
@@ -845,7 +846,7 @@ enum CuferryStatus cuferry_ring_item_info(const struct CuferryRingItem *item,
 
 /**
  * Releases an item on the stream it was taken with: the slot's next upload waits for the
- * work queued there so far. Consumes the handle.
+ * work queued there so far. Consumes the handle; NULL is a no-op (as `free(NULL)`).
  *
  * # Safety
  *

@@ -13,7 +13,8 @@
 //!   `CUFERRY_STATUS_PANIC`.
 //! - Devices are `int32_t`: [`CUFERRY_HOST`] (-1) is the host backend, 0.. are CUDA ordinals.
 //! - Handles (`CuferryStream`, `CuferryBuffer`, ...) are opaque; NULL handles are rejected with
-//!   `CUFERRY_STATUS_INVALID_ARGUMENT`, except by the functions that destroy or free a handle,
+//!   `CUFERRY_STATUS_INVALID_ARGUMENT`, except by the functions that destroy or free a handle
+//!   (the `_destroy` and `_free` calls, `cuferry_ring_abandon` and `cuferry_ring_release`),
 //!   for which NULL is a no-op returning `CUFERRY_STATUS_OK` (as `free(NULL)`). Using a handle
 //!   after destroying it is undefined, as in C.
 //! - Buffers keep cuferry's ordering rules: copies on one buffer run in the order queued, and
@@ -143,10 +144,15 @@ pub(crate) fn guard(f: impl FnOnce() -> Result<()>) -> CuferryStatus {
     }
 }
 
+/// The device of a C ABI device number: an ordinal past the CUDA devices present is an
+/// invalid argument (not a CUDA failure of whichever call meets it first).
 pub(crate) fn device_of(device: i32) -> Result<Device> {
     match device {
         CUFERRY_HOST => Ok(Device::Host),
-        d if d >= 0 => Ok(Device::Cuda(d as u32)),
+        d if d >= 0 => {
+            let cuda = Device::Cuda(d as u32);
+            cuda.check_available().map(|()| cuda)
+        }
         d => Err(Error::invalid(format!("device {d}: use -1 (host) or a CUDA ordinal"))),
     }
 }

@@ -220,7 +220,7 @@ pub unsafe extern "C" fn cuferry_ring_publish(
     })
 }
 
-/// Gives a slot back unpublished. Consumes the handle.
+/// Gives a slot back unpublished. Consumes the handle; NULL is a no-op (as `free(NULL)`).
 ///
 /// # Safety
 ///
@@ -228,8 +228,10 @@ pub unsafe extern "C" fn cuferry_ring_publish(
 #[no_mangle]
 pub unsafe extern "C" fn cuferry_ring_abandon(slot: *mut CuferryRingSlot) -> CuferryStatus {
     guard(|| {
-        // SAFETY: the caller's contract.
-        drop(unsafe { take_handle(slot, "slot") }?);
+        if !slot.is_null() {
+            // SAFETY: the caller's contract.
+            drop(unsafe { take_handle(slot, "slot") }?);
+        }
         Ok(())
     })
 }
@@ -358,7 +360,7 @@ pub unsafe extern "C" fn cuferry_ring_item_info(
 }
 
 /// Releases an item on the stream it was taken with: the slot's next upload waits for the
-/// work queued there so far. Consumes the handle.
+/// work queued there so far. Consumes the handle; NULL is a no-op (as `free(NULL)`).
 ///
 /// # Safety
 ///
@@ -366,6 +368,9 @@ pub unsafe extern "C" fn cuferry_ring_item_info(
 #[no_mangle]
 pub unsafe extern "C" fn cuferry_ring_release(item: *mut CuferryRingItem) -> CuferryStatus {
     guard(|| {
+        if item.is_null() {
+            return Ok(());
+        }
         // SAFETY: the caller's contract.
         let item = unsafe { take_handle(item, "item") }?;
         item.item.release()

@@ -94,6 +94,14 @@ int main(int argc, char **argv) {
     CuferryStatus s0 = cuferry_stream_create(0, &cuda);
     CHECK(s0 == CUFERRY_STATUS_NO_DRIVER || s0 == CUFERRY_STATUS_NO_DEVICE || s0 == CUFERRY_STATUS_UNSUPPORTED);
     CHECK(cuda == NULL);
+  } else {
+    /* An ordinal past the devices present is a bad argument, not a CUDA failure. */
+    CuferryStream *past = (CuferryStream *)&raw;
+    CHECK(cuferry_stream_create(count + 3, &past) == CUFERRY_STATUS_INVALID_ARGUMENT);
+    CHECK(past == (CuferryStream *)&raw);
+    CuferryBuffer *pinned_past = NULL;
+    CHECK(cuferry_pinned_alloc(count + 3, 16, &pinned_past) == CUFERRY_STATUS_INVALID_ARGUMENT);
+    CHECK(pinned_past == NULL);
   }
 
   /* Managed memory through the PyTorch allocator pair (stream NULL: the legacy default). */
@@ -275,6 +283,8 @@ int main(int argc, char **argv) {
     CHECK(seq == 99);
     OK(cuferry_ring_release(item));
     OK(cuferry_ring_destroy(NULL)); /* destroying NULL is a no-op, as for every handle */
+    OK(cuferry_ring_abandon(NULL)); /* and so is giving back a NULL slot or item */
+    OK(cuferry_ring_release(NULL));
   }
 
   /* Frees wait for queued copies; NULL frees are no-ops. */
