@@ -80,6 +80,7 @@
  *   are no-ops there).
  * - The allocator pair runs with `device` current (a NULL stream is the legacy stream of the
  *   current device) and makes the caller's current device current again before returning.
+ *   Prefetches on the legacy stream likewise run with the memory's device current.
  * - PyTorch: use the pair through `torch.cuda.MemPool` (PyTorch's caching allocator sits in
  *   front and honours `Tensor.record_stream`). Installed with `change_current_allocator`,
  *   `record_stream` has no effect (PyTorch calls no hook of ours): memory freed while another
@@ -663,7 +664,9 @@ void *cuferry_managed_malloc(ssize_t size, int device, void *stream);
 void cuferry_managed_free(void *ptr, ssize_t size, int device, void *stream);
 
 /**
- * Prefetches one range to `location`, queued on `stream`.
+ * Prefetches one range to `location`, queued on `stream`. A NULL stream (or
+ * `cudaStreamLegacy`) is the legacy default stream of the memory's device (the caller's
+ * current device is restored), where `cuferry_managed_malloc` with a NULL stream allocated.
  *
  * # Safety
  *

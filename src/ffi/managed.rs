@@ -17,6 +17,7 @@
 //!   are no-ops there).
 //! - The allocator pair runs with `device` current (a NULL stream is the legacy stream of the
 //!   current device) and makes the caller's current device current again before returning.
+//!   Prefetches on the legacy stream likewise run with the memory's device current.
 //! - PyTorch: use the pair through `torch.cuda.MemPool` (PyTorch's caching allocator sits in
 //!   front and honours `Tensor.record_stream`). Installed with `change_current_allocator`,
 //!   `record_stream` has no effect (PyTorch calls no hook of ours): memory freed while another
@@ -279,7 +280,9 @@ fn check_ranges(ranges: &[(*const c_void, usize)], what: &str) -> Result<bool> {
     Ok(cuda.unwrap_or(false))
 }
 
-/// Prefetches one range to `location`, queued on `stream`.
+/// Prefetches one range to `location`, queued on `stream`. A NULL stream (or
+/// `cudaStreamLegacy`) is the legacy default stream of the memory's device (the caller's
+/// current device is restored), where `cuferry_managed_malloc` with a NULL stream allocated.
 ///
 /// # Safety
 ///
@@ -296,6 +299,7 @@ pub unsafe extern "C" fn cuferry_managed_prefetch(
         if !check_ranges(&[(ptr, bytes)], "prefetch")? {
             return host_only(loc, "prefetch");
         }
+        let _scope = legacy_stream_scope(stream, ptr, bytes)?;
         // SAFETY: the range is managed memory (checked) kept allocated by the caller.
         unsafe { raw::prefetch_async(ptr, bytes, loc.raw()?, raw_stream(stream)) }
     })
@@ -349,6 +353,18 @@ unsafe fn ranges_of(
     Ok(ranges)
 }
 
+/// For the legacy default stream (NULL or `cudaStreamLegacy`), which is the *current* device's:
+/// the device of the CUDA memory at `ptr..+bytes` current for the call (the caller's restored
+/// after), so that the prefetch is queued on that device's legacy stream, where
+/// `cuferry_managed_malloc` with a NULL stream ordered the allocation, and no other device's
+/// context is made. `None` for another stream (it names its own device).
+fn legacy_stream_scope(stream: *mut c_void, ptr: *const c_void, bytes: usize) -> Result<Option<DeviceScope>> {
+    if !is_legacy_stream(stream) {
+        return Ok(None);
+    }
+    device_scope(owner(ptr, bytes)?)
+}
+
 /// Whether `stream` names the legacy default stream: NULL, or the runtime's
 /// `cudaStreamLegacy` handle (`(cudaStream_t)0x1`).
 fn is_legacy_stream(stream: *mut c_void) -> bool {
@@ -388,6 +404,7 @@ pub unsafe extern "C" fn cuferry_managed_prefetch_batch(
             // where any device lacks concurrentManagedAccess: one call per range keeps the
             // caller's ordering there.
             for &(p, n) in &ranges {
+                let _scope = legacy_stream_scope(stream, p, n)?;
                 // SAFETY: every range is managed memory (checked) kept allocated by the caller.
                 unsafe { raw::prefetch_async(p, n, location, raw_stream(stream)) }?;
             }
