@@ -137,6 +137,10 @@ cuferry_status cuferry_cuda_device_synchronize(int32_t device);
 cuferry_status cuferry_cuda_set_device(int32_t device);
 /** The calling thread's current device (cudaGetDevice). */
 cuferry_status cuferry_cuda_get_device(int32_t *device);
+/** Whether the calling thread has a current CUDA context (cuCtxGetCurrent, found through the
+ *  runtime's driver entry point; asking creates none). cudaGetDevice answers 0 on a thread
+ *  with none, and setting that device back would create device 0's context. */
+cuferry_status cuferry_cuda_thread_has_context(int32_t *has);
 /** Whether `device` can access memory of `peer` directly (cudaDeviceCanAccessPeer). */
 cuferry_status cuferry_cuda_device_can_access_peer(int32_t device, int32_t peer, int32_t *can_access);
 /** Lets `device` access `peer`'s memory. Enabling twice is a success. */

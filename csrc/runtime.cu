@@ -139,6 +139,29 @@ cuferry_status cuferry_cuda_get_device(int32_t *device) {
   return CUFERRY_STATUS_SUCCESS;
 }
 
+cuferry_status cuferry_cuda_thread_has_context(int32_t *has) {
+  CF_REQUIRE(has);
+  // cuCtxGetCurrent through the runtime's driver entry point (no link against libcuda):
+  // looking a symbol up needs no context, so asking makes none. Resolved once.
+  using get_current_fn = int (*)(void **);
+  static const get_current_fn get_current = [] {
+    void *fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, CUDART_VERSION, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();  // not sticky; leave nothing pending
+      fn = nullptr;
+    }
+    return reinterpret_cast<get_current_fn>(fn);
+  }();
+  if (get_current == nullptr) return cf_check(cudaErrorNotSupported);
+  void *ctx = nullptr;
+  if (get_current(&ctx) != 0) return cf_check(cudaErrorNotSupported);  // CUresult: 0 is success
+  *has = ctx != nullptr ? 1 : 0;
+  return CUFERRY_STATUS_SUCCESS;
+}
+
 cuferry_status cuferry_cuda_device_synchronize(int32_t device) {
   CF_TRY(cudaSetDevice(device));
   CF_TRY(cudaDeviceSynchronize());

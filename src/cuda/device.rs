@@ -109,7 +109,10 @@ pub(crate) struct DeviceScope {
 }
 
 impl DeviceScope {
-    /// Makes `device` current for the scope (no call when it already is).
+    /// Makes `device` current for the scope (no call when it already is). A thread that had
+    /// no current context keeps `device` current after the scope: `cudaGetDevice` answered 0
+    /// there, and making 0 current again would create device 0's context, which a process
+    /// using only other GPUs never asked for.
     pub(crate) fn enter(device: u32) -> Result<Self> {
         let dev = ordinal(device)?;
         let mut current = 0;
@@ -118,9 +121,19 @@ impl DeviceScope {
         if current == dev {
             return Ok(DeviceScope { restore: None });
         }
+        // Unknown (the lookup failed): restore, as before the check existed.
+        let had_context = thread_has_context().unwrap_or(true);
         make_current(device)?;
-        Ok(DeviceScope { restore: Some(current) })
+        Ok(DeviceScope { restore: had_context.then_some(current) })
     }
+}
+
+/// Whether the calling thread has a current CUDA context (asking creates none).
+pub(crate) fn thread_has_context() -> Result<bool> {
+    let mut has = 0;
+    // SAFETY: `has` is a valid out-pointer.
+    check("cuCtxGetCurrent", unsafe { sys::cuferry_cuda_thread_has_context(&mut has) })?;
+    Ok(has != 0)
 }
 
 impl Drop for DeviceScope {
@@ -168,4 +181,37 @@ pub(crate) fn set_host_wait(device: u32, schedule: u32) -> Result<()> {
     let dev = ordinal(device)?;
     // SAFETY: plain value arguments.
     check("cudaSetDeviceFlags", unsafe { sys::cuferry_cuda_device_set_host_wait(dev, schedule) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A new thread has no current context, and asking makes none; making a device current
+    /// gives it one. A scope entered there leaves its device current instead of setting device
+    /// 0 back (which would create device 0's context). Without a usable device the question
+    /// fails or answers no, never panics. The GPU part is compiled, not run without a GPU.
+    #[test]
+    fn a_new_thread_has_no_context_and_a_scope_does_not_restore_one() {
+        let devices = count().unwrap_or(0);
+        std::thread::spawn(move || {
+            let before = thread_has_context();
+            if devices == 0 {
+                assert!(matches!(before, Err(_) | Ok(false)), "{before:?}");
+                return;
+            }
+            assert_eq!(before, Ok(false), "a new thread had a context, or asking made one");
+            assert_eq!(thread_has_context(), Ok(false), "asking made a context");
+            if devices >= 2 {
+                // cudaGetDevice answers 0 here: a scope for device 1 must not set 0 back.
+                let scope = DeviceScope::enter(1).unwrap();
+                assert!(scope.restore.is_none(), "a scope would set device 0 back on a thread that had none");
+            } else {
+                make_current(0).unwrap();
+            }
+            assert_eq!(thread_has_context(), Ok(true));
+        })
+        .join()
+        .unwrap();
+    }
 }

@@ -187,6 +187,10 @@ unsafe extern "C" {
     pub fn cuferry_cuda_get_device(device: *mut i32) -> cuferry_status;
 }
 unsafe extern "C" {
+    #[doc = " Whether the calling thread has a current CUDA context (cuCtxGetCurrent, found through the\n  runtime's driver entry point; asking creates none). cudaGetDevice answers 0 on a thread\n  with none, and setting that device back would create device 0's context."]
+    pub fn cuferry_cuda_thread_has_context(has: *mut i32) -> cuferry_status;
+}
+unsafe extern "C" {
     #[doc = " Whether `device` can access memory of `peer` directly (cudaDeviceCanAccessPeer)."]
     pub fn cuferry_cuda_device_can_access_peer(
         device: i32,
