@@ -15,6 +15,7 @@ import ctypes
 import os
 import struct
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 import cuferry  # noqa: E402
@@ -203,6 +204,10 @@ before = lib.pool_stats(device)["used_current"]
 late = lib.managed_alloc(device, 4096, stream)
 stream.free()
 late.free()
+# The free is queued on the legacy default stream (nothing here waits for it): poll.
+deadline = time.monotonic() + 5
+while lib.pool_stats(device)["used_current"] != before and time.monotonic() < deadline:
+    time.sleep(0.01)
 assert lib.pool_stats(device)["used_current"] == before, "the allocation outliving its stream stayed allocated"
 
 print("python halo and managed passed")
