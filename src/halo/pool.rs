@@ -4,6 +4,8 @@
 //! - A packer takes its buffers from the pool (or allocates new ones) and gives them back when
 //!   dropped, with work possibly still queued on them: the buffer's use tracker orders the
 //!   next user's work after it, and host reads wait for it, so no synchronisation is needed.
+//!   A buffer whose work has all finished comes back without its record of uses, so a pooled
+//!   buffer does not keep its last packer's stream (a host stream's thread) alive.
 //! - A loan starts zeroed, pooled or new: a pooled buffer is zeroed on the taker's stream
 //!   (after its earlier owner's work), so one packer's bytes never reach another packer's
 //!   arrays through an unpack that ran before anything was received.
@@ -103,10 +105,12 @@ fn gone() -> Error {
 
 impl Drop for PooledBuffer {
     fn drop(&mut self) {
-        let Some(buf) = self.buf.take() else { return };
+        let Some(mut buf) = self.buf.take() else { return };
         if buf.is_empty() {
             return;
         }
+        // Outside the lock: dropping the last handle of a stream may wait for its worker.
+        buf.forget_finished_uses();
         let key = (buf.device(), buf.len());
         let extra = {
             let mut pool = lock();
@@ -159,6 +163,7 @@ pub(crate) fn clear_key(device: Device, bytes: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::memory::sealed::Sealed;
 
     /// Buffers pooled under `key` now.
     fn pooled_under(key: Key) -> usize {
@@ -183,6 +188,24 @@ mod tests {
         assert_eq!(pooled_under(key), MAX_PER_KEY - 1);
         drop(again);
         assert_eq!(clear_key(Device::Host, bytes), MAX_PER_KEY);
+    }
+
+    /// A buffer whose uses have finished goes back to the pool without them: it keeps no
+    /// stream (a host stream's worker thread) of its last packer alive.
+    #[test]
+    fn an_idle_returned_buffer_keeps_no_stream() {
+        let stream = Stream::new(Device::Host).unwrap();
+        let bytes = 40_971;
+        let loan = PooledBuffer::take(&stream, bytes).unwrap();
+        loan.get().unwrap().queue_zeroing(&stream).unwrap();
+        assert_eq!(loan.get().unwrap().raw_parts().tracker.remembered(), 1);
+        stream.synchronize().unwrap();
+        drop(loan);
+        let remembered = lock()
+            .get(&(Device::Host, bytes))
+            .and_then(|list| list.last().map(|b| b.raw_parts().tracker.remembered()));
+        assert_eq!(remembered, Some(0), "the pooled buffer kept its finished use and its stream");
+        assert_eq!(clear_key(Device::Host, bytes), 1);
     }
 
     /// Empty loans are never pooled; a replaced buffer fails `get` and goes back under its own

@@ -188,7 +188,7 @@ impl TrackedAllocation {
     /// alive with it.
     #[cfg(feature = "mpi")]
     pub(crate) fn leak(mut self) {
-        self.tracker.forget_uses();
+        self.forget_uses();
         std::mem::forget(self);
     }
 

@@ -38,6 +38,21 @@ pub struct DeviceBuffer<T: Element> {
 }
 
 impl<T: Element> DeviceBuffer<T> {
+    /// Drops the record of past uses, and the streams and events it holds, when every one has
+    /// finished; keeps it otherwise (a later user must still wait for them). For memory set
+    /// aside for reuse (the halo buffer pool): an idle buffer must not keep its past users'
+    /// streams (a host stream's worker thread, a CUDA stream) alive.
+    pub(crate) fn forget_finished_uses(&mut self) {
+        if let Device::Cuda(ordinal) = self.device {
+            // Querying CUDA events on a thread with no current device would create a context
+            // on device 0 (see the allocation's drop). A failure leaves the query to report it.
+            let _ = crate::cuda::device::make_current(ordinal);
+        }
+        if matches!(self.alloc.tracker.is_idle(), Ok(true)) {
+            self.alloc.forget_uses();
+        }
+    }
+
     /// Leaks the memory (see [`TrackedAllocation::leak`]): MPI may still use it.
     #[cfg(feature = "mpi")]
     pub(crate) fn leak(self) {
@@ -339,5 +354,27 @@ impl<T: Element> Memory<T> for DeviceBuffer<T> {
 
     fn kind(&self) -> MemoryKind {
         MemoryKind::Device(self.device)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stream::test_gate::Gate;
+
+    /// A buffer set aside for reuse keeps the record of a use still queued (a later user
+    /// must wait for it) and drops it, with the stream it names, once the use finished.
+    #[test]
+    fn finished_uses_are_forgotten_and_pending_ones_kept() {
+        let stream = Stream::new(Device::Host).unwrap();
+        let mut buf = DeviceBuffer::<u8>::zeroed(&stream, 64).unwrap();
+        let gate = Gate::hold(&stream);
+        buf.queue_zeroing(&stream).unwrap();
+        buf.forget_finished_uses();
+        assert_eq!(buf.alloc.tracker.remembered(), 1, "a pending use was forgotten");
+        drop(gate); // opens it
+        buf.synchronize().unwrap();
+        buf.forget_finished_uses();
+        assert_eq!(buf.alloc.tracker.remembered(), 0, "a finished use kept its stream");
     }
 }
