@@ -683,11 +683,12 @@ impl HaloCommunicator {
                         "{links} unpack into one array with different specs"
                     )));
                 }
-                let (ra, rb) = (ea.unpack_region(), eb.unpack_region());
-                if ra.iter().zip(rb).all(|(r, s)| r.start < s.end && s.start < r.end) {
+                if ea.unpack_overlaps(eb) {
                     return Err(Error::invalid(format!(
-                        "{links} unpack into overlapping regions {ra:?} and {rb:?} of one array (the \
-                         later message would win)"
+                        "{links} unpack into overlapping regions {:?} and {:?} of one array (the \
+                         later message would win)",
+                        ea.unpack_region(),
+                        eb.unpack_region()
                     )));
                 }
             }

@@ -530,12 +530,7 @@ impl HaloPacker {
                         a.component, a.quantity, b.component, b.quantity
                     )));
                 }
-                let overlap = ea
-                    .unpack_region()
-                    .iter()
-                    .zip(eb.unpack_region())
-                    .all(|(r, s)| r.start < s.end && s.start < r.end);
-                if overlap {
+                if ea.unpack_overlaps(eb) {
                     return Err(Error::invalid(format!(
                         "one array is unpacked twice into overlapping regions {:?} and {:?}",
                         ea.unpack_region(),

@@ -452,6 +452,12 @@ impl HaloExchange {
         &self.unpack
     }
 
+    /// Whether this exchange's unpack region and `other`'s share an index (both on arrays of
+    /// one spec): two unpacks into one array must not, or the later would win.
+    pub(crate) fn unpack_overlaps(&self, other: &HaloExchange) -> bool {
+        self.unpack.iter().zip(&other.unpack).all(|(r, s)| r.start < s.end && s.start < r.end)
+    }
+
     /// Number of elements packed (and unpacked).
     pub fn elements(&self) -> usize {
         box_elements(self.unpack.iter().map(|r| r.end - r.start))
