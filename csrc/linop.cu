@@ -123,9 +123,8 @@ void contract_counts(const cuferry_linop_contraction &c, long long *outputs, lon
 }
 
 template <typename T>
-cuferry_status launch_map(const cuferry_linop_map &m, const void *src, void *dst, double re, double im,
-                          cudaStream_t s) {
-  const long long total = map_total(m);
+cuferry_status launch_map(const cuferry_linop_map &m, long long total, const void *src, void *dst, double re,
+                          double im, cudaStream_t s) {
   const T alpha = Ops<T>::from(re, im);
   const T *const from = static_cast<const T *>(src);
   T *const to = static_cast<T *>(dst);
@@ -136,10 +135,8 @@ cuferry_status launch_map(const cuferry_linop_map &m, const void *src, void *dst
 }
 
 template <typename T>
-cuferry_status launch_contract(const cuferry_linop_contraction &c, const void *x, const void *w, void *out,
-                               cudaStream_t s) {
-  long long outputs = 0, reduced = 0;
-  contract_counts(c, &outputs, &reduced);
+cuferry_status launch_contract(const cuferry_linop_contraction &c, long long outputs, long long reduced, const void *x,
+                               const void *w, void *out, cudaStream_t s) {
   return cf_launch(contract_kernel<T>, blocks_for(outputs), kThreads, s, c, static_cast<const T *>(x),
                    static_cast<const T *>(w), static_cast<T *>(out), outputs, reduced);
 }
@@ -155,16 +152,17 @@ cuferry_status cuferry_cuda_linop_map(int32_t dtype, const cuferry_linop_map *ma
   if (map->ndim < 0 || map->ndim > CUFERRY_LINOP_MAX_DIMS) return CUFERRY_STATUS_BAD_ENUM;
   if (dtype < CUFERRY_LINOP_F32 || dtype > CUFERRY_LINOP_C64) return CUFERRY_STATUS_BAD_ENUM;
   // Nothing to do, and nothing touched: an empty buffer's address is NULL.
-  if (map_total(*map) == 0) return CUFERRY_STATUS_SUCCESS;
+  const long long total = map_total(*map);
+  if (total == 0) return CUFERRY_STATUS_SUCCESS;
   CF_REQUIRE(src);
   CF_REQUIRE(dst);
   const cudaStream_t s = cf_stream(stream);
   CF_TRY(cf_use_stream_device(s));
   switch (dtype) {
-    case CUFERRY_LINOP_F32: return launch_map<float>(*map, src, dst, alpha_re, alpha_im, s);
-    case CUFERRY_LINOP_F64: return launch_map<double>(*map, src, dst, alpha_re, alpha_im, s);
-    case CUFERRY_LINOP_C32: return launch_map<float2>(*map, src, dst, alpha_re, alpha_im, s);
-    case CUFERRY_LINOP_C64: return launch_map<double2>(*map, src, dst, alpha_re, alpha_im, s);
+    case CUFERRY_LINOP_F32: return launch_map<float>(*map, total, src, dst, alpha_re, alpha_im, s);
+    case CUFERRY_LINOP_F64: return launch_map<double>(*map, total, src, dst, alpha_re, alpha_im, s);
+    case CUFERRY_LINOP_C32: return launch_map<float2>(*map, total, src, dst, alpha_re, alpha_im, s);
+    case CUFERRY_LINOP_C64: return launch_map<double2>(*map, total, src, dst, alpha_re, alpha_im, s);
     default: return CUFERRY_STATUS_BAD_ENUM;
   }
 }
@@ -188,10 +186,10 @@ cuferry_status cuferry_cuda_linop_contract(int32_t dtype, const cuferry_linop_co
   const cudaStream_t s = cf_stream(stream);
   CF_TRY(cf_use_stream_device(s));
   switch (dtype) {
-    case CUFERRY_LINOP_F32: return launch_contract<float>(*c, x, w, out, s);
-    case CUFERRY_LINOP_F64: return launch_contract<double>(*c, x, w, out, s);
-    case CUFERRY_LINOP_C32: return launch_contract<float2>(*c, x, w, out, s);
-    case CUFERRY_LINOP_C64: return launch_contract<double2>(*c, x, w, out, s);
+    case CUFERRY_LINOP_F32: return launch_contract<float>(*c, outputs, reduced, x, w, out, s);
+    case CUFERRY_LINOP_F64: return launch_contract<double>(*c, outputs, reduced, x, w, out, s);
+    case CUFERRY_LINOP_C32: return launch_contract<float2>(*c, outputs, reduced, x, w, out, s);
+    case CUFERRY_LINOP_C64: return launch_contract<double2>(*c, outputs, reduced, x, w, out, s);
     default: return CUFERRY_STATUS_BAD_ENUM;
   }
 }
