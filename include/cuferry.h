@@ -805,7 +805,8 @@ enum CuferryStatus cuferry_ring_abandon(struct CuferryRingSlot *slot);
  * to `ahead` slots at once on the ring's fill threads (`SlotRing::produce`). Item `i` is
  * `lengths[i]` bytes at `sources[i]`, published as sequence `sequences[i]`. Returns when every
  * copy is done: on success all `n` are published; on failure the items published are a
- * prefix (`cuferry_ring_stats` counts them) and no slot is published half-filled.
+ * prefix and no slot is published half-filled (`cuferry_ring_produce_timeout` says how long
+ * that prefix is).
  *
  * # Safety
  *
@@ -819,6 +820,30 @@ enum CuferryStatus cuferry_ring_produce(const struct CuferryRing *ring,
                                         const size_t *lengths,
                                         size_t n,
                                         size_t ahead);
+
+/**
+ * `cuferry_ring_produce` with a bound on each wait for the consumers, and the count of items
+ * it published in `*published` (when not NULL) on every path, errors included: the items
+ * published are always `0 .. *published`, so a producer can resume from there, even on a ring
+ * other producers share (`cuferry_ring_stats` counts theirs too).
+ *
+ * `timeout_us` bounds each wait for a free slot (or a free host slot's last upload) with no
+ * fill of this call pending: negative waits forever, 0 fails with
+ * `CUFERRY_STATUS_WOULD_BLOCK` at the first slot not free at once, positive with
+ * `CUFERRY_STATUS_TIMEOUT` after that many microseconds. Copies are never cut short.
+ *
+ * # Safety
+ *
+ * As `cuferry_ring_produce`; `published` is NULL or valid for writing.
+ */
+enum CuferryStatus cuferry_ring_produce_timeout(const struct CuferryRing *ring,
+                                                const uint64_t *sequences,
+                                                const void *const *sources,
+                                                const size_t *lengths,
+                                                size_t n,
+                                                size_t ahead,
+                                                int64_t timeout_us,
+                                                uint64_t *published);
 
 /**
  * The next published item in `*item`, in publish order, waiting up to `timeout_us`

@@ -641,18 +641,28 @@ class Ring(_Handle):
         self._call("cuferry_ring_acquire", _micros(timeout), ctypes.byref(slot), ctypes.byref(ptr))
         return RingSlot(self.lib, slot, ptr.value, self.slot_bytes)
 
-    def produce(self, items, in_flight=None):
-        """Publishes `items`, (sequence, bytes-like) pairs, filling up to `in_flight` slots at
-        once (default: all) on the fill threads. Returns once every item is published."""
+    def produce(self, items, in_flight=None, timeout=None):
+        """Publishes `items`, (sequence, bytes-like) pairs, in order, filling up to `in_flight`
+        slots at once (default: all) on the fill threads, and returns how many it published
+        (all of them). A wait for a free slot gives up after `timeout` seconds (`Timeout`, or
+        `WouldBlock` for 0; default: waits for good). On any error the items published are
+        the first `e.published` (an attribute of the exception): resume from there."""
         items = [(seq, bytes(data)) for seq, data in items]
         n = len(items)
         if n == 0:
-            return
+            return 0
         sources = [ctypes.create_string_buffer(data, len(data)) for _, data in items]
         seqs = (ctypes.c_uint64 * n)(*(seq for seq, _ in items))
         ptrs = (ctypes.c_void_p * n)(*(ctypes.addressof(s) for s in sources))
         lens = (ctypes.c_size_t * n)(*(len(data) for _, data in items))
-        self._call("cuferry_ring_produce", seqs, ptrs, lens, n, in_flight or n)
+        published = ctypes.c_uint64(0)
+        args = (seqs, ptrs, lens, n, in_flight or n, _micros(timeout), ctypes.byref(published))
+        try:
+            self._call("cuferry_ring_produce_timeout", *args)
+        except CuferryError as e:
+            e.published = published.value
+            raise
+        return published.value
 
     def next(self, stream, timeout=None):
         """The next published item in order, ready for work queued on `stream` (`Closed` once

@@ -4,8 +4,9 @@
 //! (so host slots come back with their uploads pending) gets every byte; a consumer holding
 //! every slot at once does not deadlock it, nor do two producers sharing a ring and an
 //! executor; bad items, a close, a failed submission and a panicking iterator each end it with
-//! a published prefix and no slot lost. Each runs on the host backend and, when a GPU is
-//! present, on CUDA.
+//! a published prefix and no slot lost; `produce_timeout` gives up on a stalled consumer (a
+//! full ring, a busy host slot) with the count of its own published prefix. Each runs on the
+//! host backend and, when a GPU is present, on CUDA.
 
 mod common;
 #[path = "ring_common/mod.rs"]
@@ -91,6 +92,22 @@ impl Drop for CloseOnPanic<'_> {
             self.0.close();
         }
     }
+}
+
+/// Runs `f`, closing `ring` if it has not returned after [`PATIENCE`]: a call that should
+/// have timed out then ends with [`Error::Closed`] (and its test fails) instead of hanging.
+fn closing_after_patience<T>(ring: &SlotRing, f: impl FnOnce() -> T) -> T {
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = finished.recv_timeout(PATIENCE) {
+                ring.close();
+            }
+        });
+        let out = f();
+        drop(done);
+        out
+    })
 }
 
 /// Consumes `count` items in order on `device`, checking each; the items received.
@@ -424,6 +441,90 @@ fn lagging_iterator_gets_its_items_published(device: Device) {
     }
 }
 
+/// `produce_timeout` on a ring another producer shares: with no consumer it publishes what
+/// fits and times out, reporting its own count (not the ring's); a zero timeout fails at once;
+/// after the consumer drains, a second call resumes from that count and every item arrives
+/// once, in order, intact; a bad item later ends a call with the count of those before it.
+fn produce_timeout_reports_its_own_prefix(device: Device) {
+    let data = items(8, SLOT);
+    let ring = SlotRing::new(device, RingOptions::new(4, SLOT)).unwrap();
+    let pool = PackExecutor::new(2).unwrap();
+    let mut foreign = ring.acquire().unwrap();
+    foreign.bytes_mut()[..4].copy_from_slice(&[9, 8, 7, 6]);
+    foreign.publish(SlotMeta::new(1000, SlotLayout::bytes(4))).unwrap();
+
+    let wait = Duration::from_millis(30);
+    let done = closing_after_patience(&ring, || ring.produce_timeout(&pool, 2, data.iter().map(fill), wait));
+    assert!(matches!(done.result, Err(Error::Timeout { .. })), "{done:?}");
+    assert_eq!(done.published, 3, "its own items, not the ring's");
+    assert_eq!(ring.stats().published, 4);
+    let at_once = closing_after_patience(&ring, || {
+        ring.produce_timeout(&pool, 2, data[3..].iter().map(fill), Duration::ZERO)
+    });
+    assert!(matches!(at_once.result, Err(Error::Timeout { .. })), "{at_once:?}");
+    assert_eq!(at_once.published, 0);
+    assert_eq!(ring.stats().occupancy, 4, "a timed-out call kept a slot");
+
+    let stream = Stream::new(device).unwrap();
+    let first = ring.next_timeout(&stream, PATIENCE).unwrap();
+    assert_eq!(first.meta().sequence, 1000);
+    drop(first);
+    let resumed = std::thread::scope(|s| {
+        let consumer = s.spawn(|| consume(&ring, device, data.len(), &data));
+        let rest = &data[done.published as usize..];
+        let again = ring.produce_timeout(&pool, 2, rest.iter().map(fill), PATIENCE);
+        assert_eq!(again.into_result().unwrap(), rest.len() as u64);
+        consumer.join().unwrap()
+    });
+    assert_eq!(resumed, (0..8).collect::<Vec<u64>>());
+
+    let mut bad = data.iter().take(3).map(fill).collect::<Vec<_>>();
+    bad[2] = SlotFill::new(SlotMeta::new(2, SlotLayout::bytes(SLOT + 1)));
+    let ended = ring.produce_timeout(&pool, 3, bad, PATIENCE);
+    assert!(matches!(ended.result, Err(Error::InvalidArgument { .. })), "{ended:?}");
+    assert_eq!(ended.published, 2);
+    assert_eq!(consume(&ring, device, 2, &data), vec![0, 1]);
+    assert_eq!(ring.stats().occupancy, 0);
+}
+
+/// The timeout also bounds the wait for a free host slot's last upload: a consumer's work
+/// that never ends (held by a gate) keeps a released slot's next upload queued, so the call
+/// after it finds its host slot busy and times out with nothing published and nothing kept;
+/// once the work ends the same item goes through.
+fn produce_timeout_bounds_the_wait_for_an_upload(device: Device) {
+    let data = items(3, SLOT);
+    let ring = SlotRing::new(device, RingOptions::new(1, SLOT)).unwrap();
+    let pool = PackExecutor::new(2).unwrap();
+    let stream = Stream::new(device).unwrap();
+    let (open, gate) = std::sync::mpsc::channel::<()>();
+    assert_eq!(ring.produce_timeout(&pool, 1, [fill(&data[0])], PATIENCE).into_result().unwrap(), 1);
+    let slot = ring.next_timeout(&stream, PATIENCE).unwrap();
+    check(&slot, &stream, &data);
+    // The consumer's kernel, as it were: it runs until the gate opens (or the test gives up).
+    stream
+        .host_fn(move || {
+            let _ = gate.recv_timeout(Duration::from_secs(30));
+        })
+        .unwrap();
+    drop(slot); // released behind that work: item 1's upload waits for it
+    assert_eq!(ring.produce_timeout(&pool, 1, [fill(&data[1])], PATIENCE).into_result().unwrap(), 1);
+    let slot = ring.next_timeout(&stream, PATIENCE).unwrap(); // ordered behind its upload
+    drop(slot);
+    let wait = Duration::from_millis(30);
+    let done = closing_after_patience(&ring, || ring.produce_timeout(&pool, 1, [fill(&data[2])], wait));
+    match &done.result {
+        Err(Error::Timeout { what, .. }) => assert!(what.contains("upload"), "{what}"),
+        other => panic!("unexpected {other:?}"),
+    }
+    assert_eq!(done.published, 0);
+    assert_eq!(ring.stats().occupancy, 0, "the timed-out slot was kept");
+    open.send(()).unwrap();
+    assert_eq!(ring.produce_timeout(&pool, 1, [fill(&data[2])], PATIENCE).into_result().unwrap(), 1);
+    let slot = ring.next_timeout(&stream, PATIENCE).unwrap();
+    assert_eq!(slot.meta().sequence, 2);
+    check(&slot, &stream, &data);
+}
+
 on_both_backends! {
     lagging_iterator_gets_its_items_published => lagging_iterator_gets_its_items_published;
     uploads_waiting_for_a_busy_consumer => uploads_waiting_for_a_busy_consumer;
@@ -434,6 +535,8 @@ on_both_backends! {
     close_mid_stream => close_mid_stream;
     failed_submission => failed_submission;
     panicking_iterator => panicking_iterator;
+    produce_timeout_reports_its_own_prefix => produce_timeout_reports_its_own_prefix;
+    produce_timeout_bounds_the_wait_for_an_upload => produce_timeout_bounds_the_wait_for_an_upload;
 }
 
 proptest! {

@@ -240,7 +240,8 @@ pub unsafe extern "C" fn cuferry_ring_abandon(slot: *mut CuferryRingSlot) -> Cuf
 /// to `ahead` slots at once on the ring's fill threads (`SlotRing::produce`). Item `i` is
 /// `lengths[i]` bytes at `sources[i]`, published as sequence `sequences[i]`. Returns when every
 /// copy is done: on success all `n` are published; on failure the items published are a
-/// prefix (`cuferry_ring_stats` counts them) and no slot is published half-filled.
+/// prefix and no slot is published half-filled (`cuferry_ring_produce_timeout` says how long
+/// that prefix is).
 ///
 /// # Safety
 ///
@@ -258,37 +259,112 @@ pub unsafe extern "C" fn cuferry_ring_produce(
 ) -> CuferryStatus {
     guard(|| {
         // SAFETY: the caller's contract.
-        let ring = unsafe { handle(ring, "ring") }?;
-        // SAFETY: each holds `n` elements by the contract.
-        let (sequences, sources, lengths) = unsafe {
-            (
-                slice_of(sequences, n, "sequences")?,
-                slice_of(sources, n, "sources")?,
-                slice_of(lengths, n, "lengths")?,
-            )
-        };
-        // Checked first, then handed over lazily: an `n` of millions needs no list of items.
-        if let Some(i) = (0..n).find(|&i| sources[i].is_null() && lengths[i] > 0) {
-            return Err(Error::invalid(format!("source {i} is NULL")));
+        unsafe {
+            produce_items(ring, (sequences, sources, lengths), n, |ring, items| {
+                ring.ring.produce(&ring.executor, ahead, items)
+            })
         }
-        let slot_bytes = ring.ring.slot_bytes();
-        if let Some(i) = (0..n).find(|&i| lengths[i] > slot_bytes) {
-            return Err(Error::invalid(format!(
-                "item {i} of {} bytes does not fit a slot of {slot_bytes} bytes",
-                lengths[i]
-            )));
-        }
-        let items = (0..n).map(|i| {
-            // SAFETY: `sources[i]` is readable for `lengths[i]` bytes (non-NULL when the length
-            // is not 0, checked above) and unchanged during the call, which outlives every copy
-            // `produce` queues (it waits for all of them). It cannot fail: NULL and lengths
-            // no slot holds were refused above.
-            let data =
-                unsafe { slice_of(sources[i].cast::<u8>(), lengths[i], "a source") }.unwrap_or_default();
-            SlotFill::bytes(sequences[i], data)
-        });
-        ring.ring.produce(&ring.executor, ahead, items).map(drop)
+        .map(drop)
     })
+}
+
+/// `cuferry_ring_produce` with a bound on each wait for the consumers, and the count of items
+/// it published in `*published` (when not NULL) on every path, errors included: the items
+/// published are always `0 .. *published`, so a producer can resume from there, even on a ring
+/// other producers share (`cuferry_ring_stats` counts theirs too).
+///
+/// `timeout_us` bounds each wait for a free slot (or a free host slot's last upload) with no
+/// fill of this call pending: negative waits forever, 0 fails with
+/// `CUFERRY_STATUS_WOULD_BLOCK` at the first slot not free at once, positive with
+/// `CUFERRY_STATUS_TIMEOUT` after that many microseconds. Copies are never cut short.
+///
+/// # Safety
+///
+/// As `cuferry_ring_produce`; `published` is NULL or valid for writing.
+#[no_mangle]
+pub unsafe extern "C" fn cuferry_ring_produce_timeout(
+    ring: *const CuferryRing,
+    sequences: *const u64,
+    sources: *const *const c_void,
+    lengths: *const usize,
+    n: usize,
+    ahead: usize,
+    timeout_us: i64,
+    published: *mut u64,
+) -> CuferryStatus {
+    let report = |count: u64| {
+        if !published.is_null() {
+            // SAFETY: non-NULL and valid for writing by the contract.
+            unsafe { published.write(count) };
+        }
+    };
+    // Written first: a call refused before producing (or panicking) published nothing.
+    report(0);
+    guard(|| {
+        // SAFETY: the caller's contract.
+        let done = unsafe {
+            produce_items(ring, (sequences, sources, lengths), n, |ring, items| {
+                let (ring, executor) = (&ring.ring, &ring.executor);
+                let done = match timeout_us {
+                    t if t < 0 => ring.produce_timeout(executor, ahead, items, Duration::MAX),
+                    0 => ring.produce_without_waiting(executor, ahead, items),
+                    t => {
+                        ring.produce_timeout(executor, ahead, items, Duration::from_micros(t.unsigned_abs()))
+                    }
+                };
+                Ok(done)
+            })
+        }?;
+        report(done.published);
+        done.result
+    })
+}
+
+/// The item arrays of a produce call: sequence ids, sources, lengths.
+type ItemArrays = (*const u64, *const *const c_void, *const usize);
+
+/// Checks the arguments of a produce call and hands `produce` the ring and its items, made
+/// lazily (an `n` of millions needs no list of items).
+///
+/// # Safety
+///
+/// As `cuferry_ring_produce`.
+unsafe fn produce_items<T>(
+    ring: *const CuferryRing,
+    (sequences, sources, lengths): ItemArrays,
+    n: usize,
+    produce: impl FnOnce(&CuferryRing, &mut dyn Iterator<Item = SlotFill<'_>>) -> Result<T>,
+) -> Result<T> {
+    // SAFETY: the caller's contract.
+    let ring = unsafe { handle(ring, "ring") }?;
+    // SAFETY: each holds `n` elements by the contract.
+    let (sequences, sources, lengths) = unsafe {
+        (
+            slice_of(sequences, n, "sequences")?,
+            slice_of(sources, n, "sources")?,
+            slice_of(lengths, n, "lengths")?,
+        )
+    };
+    // Checked first, then handed over lazily.
+    if let Some(i) = (0..n).find(|&i| sources[i].is_null() && lengths[i] > 0) {
+        return Err(Error::invalid(format!("source {i} is NULL")));
+    }
+    let slot_bytes = ring.ring.slot_bytes();
+    if let Some(i) = (0..n).find(|&i| lengths[i] > slot_bytes) {
+        return Err(Error::invalid(format!(
+            "item {i} of {} bytes does not fit a slot of {slot_bytes} bytes",
+            lengths[i]
+        )));
+    }
+    let mut items = (0..n).map(|i| {
+        // SAFETY: `sources[i]` is readable for `lengths[i]` bytes (non-NULL when the length
+        // is not 0, checked above) and unchanged during the call, which outlives every copy
+        // `produce` queues (it waits for all of them). It cannot fail: NULL and lengths
+        // no slot holds were refused above.
+        let data = unsafe { slice_of(sources[i].cast::<u8>(), lengths[i], "a source") }.unwrap_or_default();
+        SlotFill::bytes(sequences[i], data)
+    });
+    produce(ring, &mut items)
 }
 
 /// The next published item in `*item`, in publish order, waiting up to `timeout_us`

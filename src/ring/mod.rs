@@ -26,7 +26,7 @@ pub use backend::{
 };
 pub use executor::{PackExecutor, MAX_PACK_THREADS, MIN_CHUNK};
 pub use layout::{ArrayLayout, DType, HasDType, SlotLayout, SlotMeta, SLOT_ALIGN};
-pub use produce::SlotFill;
+pub use produce::{Produced, SlotFill};
 pub use slot_ring::{
     ConsumerSlot, ProducerSlot, RingOptions, RingStats, SlotRing, UploadTiming, MAX_RING_DEPTH,
 };

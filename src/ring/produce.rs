@@ -29,6 +29,9 @@
 //! - On an error the items published are a prefix of the iterator's: an invalid item or a
 //!   failed acquire ends the call after the fills already started are published; a failed
 //!   publish returns the later slots unpublished. A torn slot is never published.
+//! - [`SlotRing::produce_timeout`] bounds each wait on the consumers (for a free slot, or a
+//!   free host slot's last upload, with no fill of its own pending) and reports the length
+//!   of that prefix on every path ([`Produced`]); copies are never cut short.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -194,6 +197,32 @@ struct Line<'r, 'e> {
     published: u64,
     /// A publish failed: nothing after it may be published.
     broken: bool,
+    /// How long a wait for a free slot (or its last upload) may last.
+    wait: SlotWait,
+}
+
+/// How long [`Line`] waits for a free slot, or for a free host slot's last upload, with no
+/// fill of its own pending (each wait on its own; copies are never cut short).
+#[derive(Clone, Copy, Debug)]
+enum SlotWait {
+    /// Until the slot is free.
+    Forever,
+    /// Not at all: [`Error::WouldBlock`].
+    Never,
+    /// Up to this long: [`Error::Timeout`].
+    Within(Duration),
+}
+
+impl SlotWait {
+    /// The deadline of a wait starting now (`None`: do not wait), or `Forever`'s marker.
+    fn deadline(self) -> Option<Option<Instant>> {
+        match self {
+            SlotWait::Forever => None,
+            SlotWait::Never => Some(None),
+            // A timeout too long to represent waits forever (as `acquire_timeout`).
+            SlotWait::Within(t) => Instant::now().checked_add(t).map(Some),
+        }
+    }
 }
 
 impl<'e> Line<'_, 'e> {
@@ -226,7 +255,12 @@ impl<'e> Line<'_, 'e> {
             match self.ring.try_reserve(&mut counted) {
                 Ok(slot) => return self.await_upload(slot),
                 Err(Error::WouldBlock { .. }) if !self.pending.is_empty() => self.publish_front()?,
-                Err(Error::WouldBlock { .. }) => return self.ring.acquire_counted(&mut counted),
+                Err(Error::WouldBlock { .. }) => {
+                    return match self.wait.deadline() {
+                        None => self.ring.acquire_counted(&mut counted),
+                        Some(deadline) => self.ring.acquire_until(deadline, &mut counted),
+                    }
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -236,9 +270,11 @@ impl<'e> Line<'_, 'e> {
     /// meanwhile (blocking on the upload while a finished fill waits leaves the link idle
     /// after it). With no workers it copies queued chunks too. After [`POLL_BEFORE_BLOCK`]
     /// with nothing to do it blocks on the oldest fill, or on the upload when no fill is
-    /// pending.
+    /// pending (as long as [`Line::wait`] allows, counted from the call).
     fn await_upload(&mut self, slot: UnwaitedSlot) -> Result<ProducerSlot> {
-        let mut idle_since = Instant::now();
+        let started = Instant::now();
+        let deadline = self.wait.deadline();
+        let mut idle_since = started;
         loop {
             if slot.upload_done()? {
                 return slot.wait();
@@ -253,7 +289,10 @@ impl<'e> Line<'_, 'e> {
                     std::hint::spin_loop();
                 }
             } else if self.pending.is_empty() {
-                return slot.wait();
+                return match deadline {
+                    None => slot.wait(),
+                    Some(deadline) => slot.wait_until(deadline, started),
+                };
             } else {
                 self.publish_front()?;
                 idle_since = Instant::now();
@@ -347,6 +386,78 @@ impl SlotRing {
     where
         I: IntoIterator<Item = SlotFill<'a>>,
     {
+        self.produce_waiting(executor, ahead, items, SlotWait::Forever).into_result()
+    }
+
+    /// Like [`SlotRing::produce`], but a wait for a free slot gives up after `timeout` with
+    /// [`Error::Timeout`], and the call says how many of its items it published on every
+    /// path ([`Produced`]).
+    ///
+    /// The timeout bounds each wait on the consumers, on its own: for a free slot, and for a
+    /// free host slot's last upload, when none of this call's fills is pending (with fills
+    /// pending it publishes them instead of waiting). Copies are never cut short. A
+    /// [`Duration::ZERO`] timeout fails with [`Error::Timeout`] at the first slot that is not
+    /// free at once; a timeout too long to represent waits forever.
+    ///
+    /// Use it when the consumer may stall (a stopped learner, a crashed peer) and the producer
+    /// must notice, or to know where to resume after any error on a ring that other
+    /// producers share (their slots are in [`SlotRing::stats`], not in this count): the
+    /// items published are always the first [`Produced::published`] of `items`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cuferry::ring::{PackExecutor, RingOptions, SlotFill, SlotRing};
+    /// use cuferry::{Device, Error};
+    ///
+    /// let ring = SlotRing::new(Device::Host, RingOptions::new(2, 64))?;
+    /// let pool = PackExecutor::new(1)?;
+    /// let data = [[1u8; 64], [2; 64], [3; 64]];
+    /// let items = data.iter().enumerate().map(|(i, d)| SlotFill::bytes(i as u64, d));
+    /// // No consumer runs: two items fill the ring, the third times out.
+    /// let done = ring.produce_timeout(&pool, 2, items, Duration::from_millis(10));
+    /// assert_eq!(done.published, 2);
+    /// assert!(matches!(done.result, Err(Error::Timeout { .. })));
+    /// # Ok::<(), cuferry::Error>(())
+    /// ```
+    pub fn produce_timeout<'a, I>(
+        &self,
+        executor: &PackExecutor,
+        ahead: usize,
+        items: I,
+        timeout: Duration,
+    ) -> Produced
+    where
+        I: IntoIterator<Item = SlotFill<'a>>,
+    {
+        self.produce_waiting(executor, ahead, items, SlotWait::Within(timeout))
+    }
+
+    /// [`SlotRing::produce_timeout`] that does not wait for the consumers at all: a slot that
+    /// is not free at once ends the call with [`Error::WouldBlock`] (the C ABI's timeout of 0).
+    pub(crate) fn produce_without_waiting<'a, I>(
+        &self,
+        executor: &PackExecutor,
+        ahead: usize,
+        items: I,
+    ) -> Produced
+    where
+        I: IntoIterator<Item = SlotFill<'a>>,
+    {
+        self.produce_waiting(executor, ahead, items, SlotWait::Never)
+    }
+
+    fn produce_waiting<'a, I>(
+        &self,
+        executor: &PackExecutor,
+        ahead: usize,
+        items: I,
+        wait: SlotWait,
+    ) -> Produced
+    where
+        I: IntoIterator<Item = SlotFill<'a>>,
+    {
         let mut line = Line {
             ring: self,
             executor,
@@ -354,9 +465,32 @@ impl SlotRing {
             pending: VecDeque::new(),
             published: 0,
             broken: false,
+            wait,
         };
         let pushed = items.into_iter().try_for_each(|item| line.push(item));
         let flushed = line.flush();
-        pushed.and(flushed).map(|()| line.published)
+        Produced { published: line.published, result: pushed.and(flushed) }
+    }
+}
+
+/// What a [`SlotRing::produce_timeout`] call did.
+#[derive(Debug)]
+#[must_use = "the result says whether every item was published"]
+pub struct Produced {
+    /// Items this call published: always the first `published` of its items, whatever
+    /// `result` is (resume from there).
+    pub published: u64,
+    /// `Ok` when every item was published; otherwise the error that ended the call.
+    pub result: Result<()>,
+}
+
+impl Produced {
+    /// The count when every item was published, else the error (as [`SlotRing::produce`]).
+    ///
+    /// # Errors
+    ///
+    /// The call's error.
+    pub fn into_result(self) -> Result<u64> {
+        self.result.map(|()| self.published)
     }
 }

@@ -437,7 +437,11 @@ impl SlotRing {
 
     /// A slot whose host slot's last upload has finished, by `deadline` (`None`: now, without
     /// waiting), or [`Error::Timeout`] / [`Error::WouldBlock`].
-    fn acquire_until(&self, deadline: Option<Instant>, counted: &mut bool) -> Result<ProducerSlot> {
+    pub(super) fn acquire_until(
+        &self,
+        deadline: Option<Instant>,
+        counted: &mut bool,
+    ) -> Result<ProducerSlot> {
         let started = Instant::now();
         self.reserve_until(deadline, counted)?.wait_until(deadline, started)
     }
@@ -706,7 +710,7 @@ impl UnwaitedSlot {
     /// Like [`UnwaitedSlot::wait`], polling until `deadline` (`None`: only once): when the
     /// upload has not finished by then, both slots go back to the ring and the error is
     /// [`Error::Timeout`] (counted from `started`) or [`Error::WouldBlock`].
-    fn wait_until(self, deadline: Option<Instant>, started: Instant) -> Result<ProducerSlot> {
+    pub(super) fn wait_until(self, deadline: Option<Instant>, started: Instant) -> Result<ProducerSlot> {
         const WHAT: &str = "the free host slot's last upload is still running";
         let mut pause = UPLOAD_POLL.0;
         loop {

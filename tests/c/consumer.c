@@ -261,6 +261,53 @@ int main(int argc, char **argv) {
     CHECK(cuferry_ring_next(ring, stream, 2000, &item) == CUFERRY_STATUS_TIMEOUT);
     OK(cuferry_ring_stats(ring, &stats));
     CHECK(stats.occupancy == 0 && stats.high_water == 4);
+    /* produce_timeout: with no consumer, the 4 slots take 4 of 6 items; a timeout of 0 ends
+     * the call with WOULD_BLOCK, a positive one with TIMEOUT; *published counts the call's own
+     * items (a prefix), so the producer resumes from there once the consumer drains. */
+    {
+      static unsigned char many[6][64];
+      const void *many_ptrs[6];
+      uint64_t many_seqs[6];
+      size_t many_lens[6];
+      for (int k = 0; k < 6; k++) {
+        for (int i = 0; i < 64; i++) many[k][i] = (unsigned char)(40 + k * 3 + i);
+        many_ptrs[k] = many[k];
+        many_seqs[k] = 20 + (uint64_t)k;
+        many_lens[k] = 64;
+      }
+      uint64_t published = 99;
+      CHECK(cuferry_ring_produce_timeout(ring, many_seqs, many_ptrs, many_lens, 6, 2, 0, &published) ==
+                CUFERRY_STATUS_WOULD_BLOCK &&
+            published == 4);
+      CHECK(cuferry_ring_produce_timeout(ring, many_seqs + 4, many_ptrs + 4, many_lens + 4, 2, 2, 1000, &published) ==
+                CUFERRY_STATUS_TIMEOUT &&
+            published == 0);
+      for (int k = 0; k < 6; k++) {
+        if (k == 4) {
+          OK(cuferry_ring_produce_timeout(ring, many_seqs + 4, many_ptrs + 4, many_lens + 4, 2, 2, -1, &published));
+          CHECK(published == 2);
+        }
+        CuferryRingItem *got_item = NULL;
+        OK(cuferry_ring_next(ring, stream, -1, &got_item));
+        void *dptr = NULL;
+        uint64_t seq = 0;
+        size_t bytes = 0;
+        OK(cuferry_ring_item_info(got_item, &dptr, &seq, &bytes));
+        CHECK(seq == many_seqs[k] && bytes == 64);
+        if (device == CUFERRY_HOST) {
+          OK(cuferry_stream_synchronize(stream));
+          CHECK(memcmp(dptr, many[k], 64) == 0);
+        }
+        OK(cuferry_ring_release(got_item));
+      }
+      OK(cuferry_ring_produce_timeout(ring, many_seqs, many_ptrs, many_lens, 0, 1, -1, NULL)); /* nothing to do */
+      published = 99;
+      CHECK(cuferry_ring_produce_timeout(NULL, many_seqs, many_ptrs, many_lens, 1, 1, -1, &published) ==
+                CUFERRY_STATUS_INVALID_ARGUMENT &&
+            published == 0);
+      OK(cuferry_ring_stats(ring, &stats));
+      CHECK(stats.occupancy == 0 && stats.published == 10);
+    }
     /* Bad arguments: NULL handles, too many bytes (the slot goes back), an overflowing item. */
     CHECK(cuferry_ring_publish(NULL, 0, 1) == CUFERRY_STATUS_INVALID_ARGUMENT);
     CHECK(cuferry_ring_acquire(ring, 0, NULL, &host) == CUFERRY_STATUS_INVALID_ARGUMENT);
@@ -270,7 +317,7 @@ int main(int argc, char **argv) {
     size_t too_long = slot_bytes + 1;
     CHECK(cuferry_ring_produce(ring, sequences, source_ptrs, &too_long, 1, 1) == CUFERRY_STATUS_INVALID_ARGUMENT);
     OK(cuferry_ring_stats(ring, &stats));
-    CHECK(stats.occupancy == 0 && stats.published == 4);
+    CHECK(stats.occupancy == 0 && stats.published == 10);
     /* Close: producers get CLOSED; consumers drain, then get CLOSED. */
     OK(cuferry_ring_acquire(ring, 0, &slot, &host));
     OK(cuferry_ring_publish(slot, 99, 8));

@@ -9,7 +9,8 @@ checks every byte: on the host backend from the item's memory after synchronizin
 stream; on CUDA as a consumer kernel would, with CuPy: a device copy of the item queued on the
 item's stream (`Stream.cuda_handle`), the item released at once, and the copies compared after
 the last item (the release must keep each slot's next upload behind its copy). Without CuPy
-the byte check is skipped, not the protocol. Then a ring freed
+the byte check is skipped, not the protocol. Then a produce with a timeout and no consumer
+gives up with its published count, and resumes from it. Then a ring freed
 while a consumer waits in `next`: the consumer gets Closed; and a call made between free()'s
 wait and the destroy raises Closed without reaching the C ring. Exits non-zero on failure.
 """
@@ -118,6 +119,32 @@ try:
 except cuferry.Closed:
     pass
 ring.free()
+
+# produce with a timeout and no consumer: the ring takes DEPTH of the items and the call gives
+# up, telling how many it published (a prefix); 0 gives up at once. Resumed from there once the
+# consumer drained, every item arrives once, in order.
+stalled = lib.ring(device, DEPTH, SLOT, fill_threads=2)
+wanted = [(100 + s, batch(s)) for s in range(DEPTH + 2)]
+for timeout, error in ((0.01, cuferry.Timeout), (0, cuferry.WouldBlock)):
+    try:
+        stalled.produce(wanted, in_flight=2, timeout=timeout)
+        raise AssertionError("a full ring took every item")
+    except error as e:
+        assert e.published == (DEPTH if timeout else 0), (timeout, e.published)
+assert stalled.stats()["published"] == DEPTH
+for k in range(len(wanted)):
+    if k == DEPTH:
+        assert stalled.produce(wanted[DEPTH:], timeout=20) == 2
+    item = stalled.next(stream, timeout=20)
+    with item:
+        assert item.sequence == wanted[k][0], (item.sequence, k)
+        got = take(item)
+        stream.synchronize()
+        if got is not None:
+            got = got if isinstance(got, bytes) else got.get().tobytes()
+            assert got == wanted[k][1], f"stalled ring item {k}: bytes differ"
+assert stalled.produce([]) == 0
+stalled.free()
 
 # Freeing a ring while a consumer waits in `next`: free closes it first, so the consumer
 # returns Closed, and free waits for that call before destroying the ring.
