@@ -12,7 +12,9 @@
 //!   order they were queued in wherever one of them writes, whichever streams they were
 //!   queued on.
 //! - After the operation a read adds (or replaces) its stream's read entry and keeps the write;
-//!   a write becomes the last write and clears the reads.
+//!   a write becomes the last write and clears the reads. A read that adds an entry first
+//!   drops the read entries whose use has finished (those it can query without making another
+//!   device current), so a buffer only ever read does not keep every stream that read it.
 //! - A buffer named twice by one operation (read and written, or even read twice) counts as
 //!   written: callers name a buffer they only read once.
 //! - Before host code touches the memory, and before the memory is freed, the host waits for
@@ -129,9 +131,31 @@ impl Uses {
             }
             Access::Read => match self.reads.iter_mut().find(|r| r.stream.id() == used.stream.id()) {
                 Some(read) => *read = used,
-                None => self.reads.push(used),
+                None => {
+                    self.forget_finished_reads(&used.stream);
+                    self.reads.push(used);
+                }
             },
         }
+    }
+
+    /// Drops the read entries whose use has finished, before a read on a new stream is added:
+    /// otherwise a buffer only ever read (weights, a shared input) would keep every stream
+    /// that ever read it alive (a host stream's worker thread, a CUDA stream), and a write
+    /// would wait on all of them. A finished entry orders nothing any more. Only events that
+    /// `stream`'s use may query are asked: host events, and CUDA events of `stream`'s device
+    /// when it is a CUDA stream (whose record this use makes anyway); querying another
+    /// device's event on a thread with no current device would create a context on device 0.
+    /// Entries whose query fails stay (the failure shows at the next wait).
+    fn forget_finished_reads(&mut self, stream: &Stream) {
+        let cuda_device = matches!(stream.backend(), StreamBackend::Cuda(_)).then(|| stream.device());
+        self.reads.retain(|r| {
+            let queryable = match r.event.backend() {
+                EventBackend::Host(_) => true,
+                EventBackend::Cuda(_) => cuda_device == Some(r.event.device()),
+            };
+            !(queryable && matches!(r.event.query(), Ok(true)))
+        });
     }
 }
 
@@ -565,10 +589,12 @@ mod tests {
     }
 
     /// Reads on one stream keep one entry (the latest); a write replaces them all; an
-    /// operation naming a buffer twice writes it.
+    /// operation naming a buffer twice writes it. (Both streams are held, so no read finishes
+    /// and none is forgotten.)
     #[test]
     fn same_stream_reads_collapse_to_one_entry() {
         let (a, b) = (host_stream(), host_stream());
+        let held = (Gate::hold(&a), Gate::hold(&b));
         let tracker = UseTracker::default();
         let reads = |t: &UseTracker| t.lock().reads.iter().map(|r| r.stream.id()).collect::<Vec<_>>();
         for stream in [&a, &a, &b, &a, &b, &a] {
@@ -583,6 +609,7 @@ mod tests {
         UseTracker::use_on(&b, &[(&tracker, Access::Read), (&tracker, Access::Read)], || Ok(())).unwrap();
         assert!(reads(&tracker).is_empty(), "a buffer named twice counts as written");
         assert_eq!(tracker.lock().write.as_ref().map(|w| w.stream.id()), Some(b.id()));
+        drop(held);
         tracker.wait_idle().unwrap();
     }
 
@@ -673,5 +700,30 @@ mod tests {
         let origin = host_stream();
         let fresh = UseTracker::with_origin(origin.clone());
         assert_eq!(fresh.join_uses_on(|_| true).unwrap().map(|s| s.id()), Some(origin.id()));
+    }
+
+    /// A buffer only ever read, by many short-lived streams: finished reads are forgotten when
+    /// a new stream reads, so the tracker keeps neither their entries nor their streams (each
+    /// host stream a worker thread); unfinished ones stay, and a write still waits for them.
+    #[test]
+    fn finished_reads_of_other_streams_are_forgotten() {
+        let tracker = UseTracker::default();
+        let held = host_stream();
+        let (release, held_done) = gated_use(&held, &[(&tracker, Access::Read)]);
+        let mut dropped = Vec::new();
+        for _ in 0..50 {
+            let reader = host_stream();
+            UseTracker::use_on(&reader, &[(&tracker, Access::Read)], || Ok(())).unwrap();
+            reader.synchronize().unwrap();
+            dropped.push(reader.errors());
+        }
+        assert_eq!(tracker.remembered(), 2, "the gated read and the last one");
+        let kept = dropped.iter().rev().skip(1).filter(|s| !s.is_spent()).count();
+        assert_eq!(kept, 0, "finished readers' streams kept alive");
+        let writer = host_stream();
+        let seen = noting_use(&writer, &[(&tracker, Access::Write)], &[&held_done]);
+        release.send(()).unwrap();
+        writer.synchronize().unwrap();
+        assert_eq!(*seen.lock().unwrap(), vec![true], "the write ran before an unfinished read");
     }
 }
