@@ -15,10 +15,16 @@
 #   run.sh --only REGEX    run only the tests whose names match REGEX
 #   run.sh --deadline S    start nothing new once S seconds have passed (the table still prints)
 #   run.sh --timeout S     kill any one step after S seconds (default 240)
+#   run.sh --bench-timeout S      kill the bench after S seconds (default: --timeout)
+#   run.sh --bench-reserve S      with --bench: steps before the bench start only while S
+#                          seconds are left before the deadline, so a hung test costs tests,
+#                          not the figures (default 0)
 #
-# Logs go to a folder under $OUT (the device tool brings $OUT back, at most 8 files) packed as
-# $OUT/logs.tar.gz, else ./logs. The last lines printed are a pass/fail table, also written to
-# summary.txt; the exit code is non-zero when anything failed.
+# Logs go to a temporary folder, packed at the end as $OUT/logs.tar.gz (the device tool brings
+# $OUT back, at most 8 files); without $OUT to ./logs. The last lines printed are a pass/fail
+# table, written to summary.txt; with $OUT, $OUT/summary.txt is rewritten after every step
+# and $OUT/bench.log after the bench, so a run killed from outside still brings back its table
+# so far and the bench's output.
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 out=${OUT:-$here}
@@ -34,6 +40,8 @@ tests=1
 only=.
 deadline=100000
 step_timeout=240
+bench_timeout=
+bench_reserve=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --sanitize) sanitize=1 ;;
@@ -43,23 +51,37 @@ while [ $# -gt 0 ]; do
     --only) only=$2; shift ;;
     --deadline) deadline=$2; shift ;;
     --timeout) step_timeout=$2; shift ;;
+    --bench-timeout) bench_timeout=$2; shift ;;
+    --bench-reserve) bench_reserve=$2; shift ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
   shift
 done
 
+[ -n "$bench_timeout" ] || bench_timeout=$step_timeout
+# Steps start only before `limit`: before the bench, the deadline less the bench's reserve.
+limit=$deadline
+if [ "$bench" = 1 ]; then limit=$((deadline - bench_reserve)); fi
+
 rows=()
 failed=0
+# The table so far, to $OUT/summary.txt (a run killed from outside still brings it back).
+save_rows() {
+  if [ -n "${OUT:-}" ]; then printf '%s\n' "${rows[@]}" >"$OUT/summary.txt"; fi
+}
+# Runs one step (label, command...) under `step_timeout` (or `STEP_TIMEOUT` when set), unless
+# `limit` has passed.
 run() {
   local label=$1; shift
-  if [ "$SECONDS" -ge "$deadline" ]; then
+  if [ "$SECONDS" -ge "$limit" ]; then
     rows+=("$(printf '%-40s %-14s' "$label" "NOT RUN (deadline)")")
     failed=1
+    save_rows
     return
   fi
   local log="$logs/${label//[^A-Za-z0-9_.-]/_}.log"
   local start=$SECONDS status code
-  timeout --kill-after=10 "$step_timeout" "$@" >"$log" 2>&1
+  timeout --kill-after=10 "${STEP_TIMEOUT:-$step_timeout}" "$@" >"$log" 2>&1
   code=$?
   case "$code" in
     0) status=pass ;;
@@ -70,6 +92,7 @@ run() {
   detail=$(grep -E '^test result:|ERROR SUMMARY|^backend:|^launches counted' "$log" | tail -n 1)
   rows+=("$(printf '%-40s %-14s %4ss  %s' "$label" "$status" "$((SECONDS - start))" "$detail")")
   echo "${rows[-1]}" >&2
+  save_rows
 }
 selected() { [[ "$(basename "$1")" =~ $only ]]; }
 
@@ -168,8 +191,12 @@ fi
 
 # The benchmark runs before the sanitizers, which take most of a run's time: a deadline that
 # cuts the run short then costs sanitizer steps (each reported NOT RUN), not the figures.
+limit=$deadline
 if [ "$bench" = 1 ]; then
-  run "cuferry bench" "$here/bin/cuferry" bench --json "$out/bench.json" --plot "$out/bench.svg"
+  # Anything else on the GPU (a test's leftover process) would skew the figures: logged.
+  nvidia-smi --query-compute-apps=pid,name,used_memory --format=csv >"$logs/gpu_apps_before_bench.txt" 2>&1
+  STEP_TIMEOUT=$bench_timeout run "cuferry bench" "$here/bin/cuferry" bench --json "$out/bench.json" --plot "$out/bench.svg"
+  if [ -n "${OUT:-}" ] && [ -f "$logs/cuferry_bench.log" ]; then cp "$logs/cuferry_bench.log" "$OUT/bench.log"; fi
 fi
 
 # One sanitizer over one test binary. API errors are not reported: the tests provoke them on

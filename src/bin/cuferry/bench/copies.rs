@@ -39,15 +39,14 @@ fn repeats(bytes: usize) -> usize {
     }
 }
 
-/// Runs the section and returns its rows.
-pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
+/// Runs the section, adding its rows to `rows` as they are measured.
+pub fn run(device: Device, quick: bool, rows: &mut Vec<Row>) -> Result<()> {
     let stream = Stream::new(device)?;
     let peer = match device {
         Device::Cuda(i) if Device::cuda_count() > 1 => Device::Cuda((i + 1) % Device::cuda_count()),
         other => other,
     };
     let peer_stream = Stream::new(peer)?;
-    let mut rows = Vec::new();
     let sizes = sizes(quick);
     let largest = *sizes.last().unwrap_or(&MIB);
     let mut pinned = PinnedBuffer::<u8>::zeroed(device, largest)?;
@@ -139,5 +138,5 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
         }
         rows.push(row);
     }
-    Ok(rows)
+    Ok(())
 }

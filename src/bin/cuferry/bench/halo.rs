@@ -180,11 +180,10 @@ fn sector_fetch_note<F: FnMut() -> Result<()>>(
     Ok(note)
 }
 
-/// Runs the section and returns its rows.
-pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
+/// Runs the section, adding its rows to `rows` as they are measured.
+pub fn run(device: Device, quick: bool, rows: &mut Vec<Row>) -> Result<()> {
     let stream = Stream::new(device)?;
     let mut flusher = L2Flush::new(&stream)?;
-    let mut rows = Vec::new();
     let repeats = if quick { 10 } else { 30 };
     for c in cases(device, quick)? {
         let len = c.spec.required_len();
@@ -293,5 +292,5 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
             });
         }
     }
-    Ok(rows)
+    Ok(())
 }

@@ -57,14 +57,24 @@ fn dense(spec: &DeviceSpec, rows: usize) -> Result<LinopRef<f64>> {
     Ok(Arc::new(Dense::new(w, &["o", "i"], idims, odims)?))
 }
 
-/// Runs the section and returns its rows.
-pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
+/// Runs the section, adding its rows to `out` as they are measured.
+pub fn run(device: Device, quick: bool, out: &mut Vec<Row>) -> Result<()> {
     let repeats = if quick { 3 } else { 7 };
     let base = DeviceSpec::new(Device::Host)?;
     let op = dense(&base, B)?;
     let x = Array::from_slice(&base, &[B, I], &values(B * I, 2))?;
     let bytes = B * I * 8;
     let unsplit = median_secs(repeats, || op.apply(&x)?.synchronize())?;
+    out.push(Row {
+        section: "linop",
+        case: "Dense f64 unsplit (host)".into(),
+        bytes,
+        params: format!("{:.2} ms", unsplit * 1e3),
+        value: gbps(bytes, unsplit),
+        unit: "GB/s",
+        ceiling: None,
+        baseline: None,
+    });
 
     // Tiles on the device (two host "devices" on the host backend).
     let devices = if device.is_host() { vec![Device::Host; 2] } else { vec![device] };
@@ -116,17 +126,7 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
     let serial = TILES as f64 * (median(&mut t_in) + median(&mut t_compute) + median(&mut t_out));
     let (cached_us, fresh_us, served) = array_cycles_us(&target, repeats)?;
     let place = if device.is_host() { "2 host devices".to_string() } else { device.to_string() };
-    Ok(vec![
-        Row {
-            section: "linop",
-            case: "Dense f64 unsplit (host)".into(),
-            bytes,
-            params: format!("{:.2} ms", unsplit * 1e3),
-            value: gbps(bytes, unsplit),
-            unit: "GB/s",
-            ceiling: None,
-            baseline: None,
-        },
+    out.extend([
         Row {
             section: "linop",
             case: format!("batched, {TILES} tiles of 1 MiB on {place}, pipelined"),
@@ -160,7 +160,8 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
             ceiling: None,
             baseline: Some(("DeviceBuffer::zeroed + drop".into(), fresh_us)),
         },
-    ])
+    ]);
+    Ok(())
 }
 
 /// How the cached cycles' allocations were served, over every repeat.

@@ -60,11 +60,10 @@ fn median_after(mut before: impl FnMut() -> Result<()>, mut op: impl FnMut() -> 
     Ok(times[times.len() / 2])
 }
 
-/// Runs the section and returns its rows.
-pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
+/// Runs the section, adding its rows to `rows` as they are measured.
+pub fn run(device: Device, quick: bool, rows: &mut Vec<Row>) -> Result<()> {
     let stream = Stream::new(device)?;
     let pool = ManagedPool::new(device, ManagedPoolOptions::default())?;
-    let mut rows = Vec::new();
     let n = if quick { 200 } else { 1000 };
     let pool_us = alloc_free_us(&pool, &stream, MIB, n)?;
     let mut r = row("alloc+free", MIB, &format!("{:?}", pool.kind()), pool_us, "us");
@@ -77,7 +76,7 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
     rows.push(r);
     let Device::Cuda(ordinal) = device else {
         println!("managed: migration cases need a CUDA device; the host backend measured allocation only");
-        return Ok(rows);
+        return Ok(());
     };
     let gpu = Location::Device(ordinal);
     let big = if quick { 256 * MIB } else { 1 << 30 };
@@ -233,5 +232,5 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
     r.baseline = Some((format!("loop of {count} calls"), looped));
     r.ceiling = Some(("pinned H2D".into(), h2d));
     rows.push(r);
-    Ok(rows)
+    Ok(())
 }

@@ -6,7 +6,9 @@
 //! - Ratios are only ever taken between figures of one run (the project's rule); absolute
 //!   figures are reported with the device named.
 //! - Without a GPU the same sections run on the host backend, against memcpy.
-//! - Each section's table, and the JSON of every row so far, are written as the section ends.
+//! - Sections add rows as they measure them. Each section's table, and the JSON and the plot
+//!   of every row so far, are written as the section ends, also when it failed: a failing
+//!   case loses only the rows after it.
 
 mod copies;
 mod halo;
@@ -116,24 +118,23 @@ pub fn run(args: &BenchArgs) -> ExitCode {
     let mut rows = Vec::new();
     let mut failed = false;
     for section in sections {
+        let start = rows.len();
         let result = match section {
-            Section::Copy => copies::run(device, args.quick),
-            Section::Ring => ring::run(device, args.quick),
-            Section::Managed => managed::run(device, args.quick),
-            Section::Halo => halo::run(device, args.quick),
-            Section::Linop => linop::run(device, args.quick),
+            Section::Copy => copies::run(device, args.quick, &mut rows),
+            Section::Ring => ring::run(device, args.quick, &mut rows),
+            Section::Managed => managed::run(device, args.quick, &mut rows),
+            Section::Halo => halo::run(device, args.quick, &mut rows),
+            Section::Linop => linop::run(device, args.quick, &mut rows),
         };
-        // Each section's table and the JSON so far are out as soon as the section ends: a run
-        // cut short (a time limit on a lent GPU) keeps what it measured.
-        match result {
-            Ok(r) => {
-                println!("{}", report::table(&r));
-                rows.extend(r);
-            }
-            Err(e) => {
-                eprintln!("cuferry bench: section {section:?} failed: {e}");
-                failed = true;
-            }
+        // Each section's table, the JSON and the plot so far are out as soon as the section
+        // ends, failed or not: a run cut short (a time limit on a lent GPU, a failing case)
+        // keeps every row it measured.
+        if rows.len() > start {
+            println!("{}", report::table(&rows[start..]));
+        }
+        if let Err(e) = result {
+            eprintln!("cuferry bench: section {section:?} failed after {} rows: {e}", rows.len() - start);
+            failed = true;
         }
         if let Some(path) = &args.json {
             if let Err(e) = report::write_json(path, &device_name, &rows) {
@@ -141,11 +142,14 @@ pub fn run(args: &BenchArgs) -> ExitCode {
                 failed = true;
             }
         }
-    }
-    if let Some(path) = &args.plot {
-        if let Err(e) = plot::draw(path, &format!("cuferry bench on {device_name}"), &rows) {
-            eprintln!("cuferry bench: cannot draw {}: {e}", path.display());
-            failed = true;
+        if let Some(path) = &args.plot {
+            let partial = report::partial_path(path);
+            let drawn = plot::draw(&partial, &format!("cuferry bench on {device_name}"), &rows)
+                .and_then(|()| std::fs::rename(&partial, path).map_err(|e| e.to_string()));
+            if let Err(e) = drawn {
+                eprintln!("cuferry bench: cannot draw {}: {e}", path.display());
+                failed = true;
+            }
         }
     }
     if failed {
@@ -169,5 +173,11 @@ mod tests {
         let err = check_writable(&[&good, &bad]).unwrap_err();
         assert!(err.contains("no-such-dir"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn outputs_are_written_beside_themselves_first() {
+        let partial = report::partial_path(std::path::Path::new("/out/bench.json"));
+        assert_eq!(partial, std::path::Path::new("/out/bench.json.partial"));
     }
 }

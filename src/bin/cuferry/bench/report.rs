@@ -106,7 +106,17 @@ pub fn write_json(path: &Path, device: &str, rows: &[Row]) -> std::io::Result<()
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let text =
         serde_json::to_string_pretty(&Report { device, unix_time, rows }).map_err(std::io::Error::other)?;
-    std::fs::write(path, text)
+    let partial = partial_path(path);
+    std::fs::write(&partial, text)?;
+    std::fs::rename(&partial, path)
+}
+
+/// A file next to `path` to write first and then rename to `path`: a run killed mid-write
+/// leaves the last complete file, not a truncated one.
+pub fn partial_path(path: &Path) -> std::path::PathBuf {
+    let mut name = path.file_name().map(std::ffi::OsStr::to_os_string).unwrap_or_default();
+    name.push(".partial");
+    path.with_file_name(name)
 }
 
 #[cfg(test)]

@@ -267,8 +267,8 @@ fn hand_off_bound(slot: usize) -> bool {
     (MIB..=16 * MIB).contains(&slot)
 }
 
-/// Runs the sweep and returns its rows.
-pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
+/// Runs the sweep, adding its rows to `rows` as they are measured.
+pub fn run(device: Device, quick: bool, rows: &mut Vec<Row>) -> Result<()> {
     let sw = sweep(device, quick);
     let max_threads = sw.threads.iter().copied().max().unwrap_or(1);
     let spun = sw.sizes.iter().filter(|&&s| hand_off_bound(s)).count();
@@ -293,7 +293,6 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
     let floor = if device.is_host() { 0 } else { GIB };
     let source = vec![7u8; sw.reference.max(4 * largest).max(floor)];
     let ceiling_pool = PackExecutor::new(max_threads)?;
-    let mut rows = Vec::new();
     for &slot in &sw.sizes {
         // The seed's ring (depth 2) for this slot size, measured with the first depth when the
         // sweep has depth 2 (it always does), else on its own.
@@ -377,7 +376,7 @@ pub fn run(device: Device, quick: bool) -> Result<Vec<Row>> {
         }
     }
     bar.finish_and_clear();
-    Ok(rows)
+    Ok(())
 }
 
 #[cfg(test)]
