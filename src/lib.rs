@@ -71,6 +71,9 @@ pub use memory::{
     DeviceBuffer, Element, HostRegistration, Memory, MemoryKind, PinnedBuffer, PinnedOptions,
     MAX_ELEMENT_ALIGN,
 };
+/// The complex numbers of linop's complex fields (`Complex<f32>`, `Complex<f64>`), re-exported
+/// so that a user needs no dependency of a matching version: `cuferry::num_complex::Complex64`.
+pub use num_complex;
 pub use stream::Stream;
 pub use topology::{topology, DeviceLinks, Topology};
 

@@ -1249,7 +1249,11 @@ fn a_replaced_unpack_buffer_that_does_not_fit_is_refused() {
     *packer.unpack_buffer_mut().unwrap() = DeviceBuffer::zeroed(&stream, 1).unwrap();
     assert_invalid(packer.unpack(&[&dst], None), "unpack from a 1-byte buffer");
     assert_invalid(packer.unpack_buffer(), "unpack_buffer");
-    assert_invalid(packer.copy_pack_to_unpack(), "copy_pack_to_unpack");
+    match packer.copy_pack_to_unpack() {
+        // The same words as every other use, not a copy's length mismatch.
+        Err(Error::InvalidArgument { what }) => assert!(what.contains("was replaced"), "{what}"),
+        other => panic!("copy_pack_to_unpack: {other:?}"),
+    }
     assert_eq!(dst.to_vec(&stream).unwrap(), q.dst_x, "a refused unpack wrote something");
     // Putting back a buffer of the right size and device repairs the packer.
     let src = DeviceBuffer::from_slice(&stream, &q.src_x).unwrap();
@@ -1258,6 +1262,19 @@ fn a_replaced_unpack_buffer_that_does_not_fit_is_refused() {
     packer.copy_pack_to_unpack().unwrap();
     packer.unpack(&[&dst], None).unwrap();
     packer.synchronize().unwrap();
+}
+
+/// The host thread limit is what the helpers can give: at most 16, at least 1.
+#[test]
+fn host_threads_are_clamped_to_what_a_job_can_use() {
+    let q = one_quantity(17, [3, 7, 7]);
+    let mut packer = HaloPacker::new(Device::Host, &[exchange_of(&q)], None).unwrap();
+    packer.set_host_threads(64);
+    assert_eq!(packer.host_threads(), 16);
+    packer.set_host_threads(0);
+    assert_eq!(packer.host_threads(), 1);
+    packer.set_host_threads(5);
+    assert_eq!(packer.host_threads(), 5);
 }
 
 /// Dropping destination arrays and the packer while an unpack is queued: the arrays wait, and

@@ -12,8 +12,8 @@ use cuferry::linop::{
     Concat, Dense, DeviceMatrix, Diagonal, DimRole, Dims, Field, Identity, Linop, LinopRef, Scalar, ToDevice,
     Zero,
 };
+use cuferry::num_complex::Complex;
 use cuferry::{Device, DeviceSpec, Error, Stream};
-use num_complex::Complex;
 use util::{assert_close, dot_test, random_array, random_vec, Gate, Rng};
 
 type C64 = Complex<f64>;
@@ -469,6 +469,12 @@ fn errors_for_bad_graphs() {
     // Unknown dim names.
     invalid(i3.split("nope", 0..1).map(drop));
     invalid(i3.split("x", 2..5).map(drop));
+    #[allow(clippy::reversed_empty_ranges)]
+    let reversed = i3.split("x", 2..1).map(drop);
+    match reversed {
+        Err(Error::InvalidArgument { what }) => assert!(what.contains("reversed"), "{what}"),
+        other => panic!("a reversed range: {other:?}"),
+    }
     let w = Array::from_slice(&spec, &[3], &[1.0f64, 2.0, 3.0]).unwrap();
     invalid(Diagonal::new(w.clone(), &["z"], d3.clone()).map(drop));
     invalid(Dense::new(w.clone(), &["q"], d3.clone(), dims(&[("o", 3)])).map(drop));

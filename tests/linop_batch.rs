@@ -13,8 +13,8 @@ use cuferry::linop::{
     create_batched_linop, dim_role, split_linop, tile_ranges, Add, Array, BatchSpec, Chain, Concat, Dense,
     DeviceMatrix, Diagonal, DimRole, Dims, Field, Identity, Linop, LinopRef, Scalar, Zero,
 };
+use cuferry::num_complex::Complex;
 use cuferry::{Device, DeviceSpec, Error, Stream};
-use num_complex::Complex;
 use util::{assert_close, dense, dot_test, random_array, random_batches, random_graph, Gate, Rng, Sizes};
 
 type C64 = Complex<f64>;

@@ -18,9 +18,9 @@ use std::sync::Arc;
 
 use cuferry::distributed::{create_distributed_linop, DistributedBatchSpec, RankDevice, RankMatrix};
 use cuferry::linop::{Array, BatchSpec, DeviceMatrix, Diagonal, Dims, Field, LinopRef};
+use cuferry::num_complex::Complex;
 use cuferry::{Device, DeviceSpec, Error};
 use mpi::traits::*;
-use num_complex::Complex;
 use util::{assert_close, inner, random_array, random_batches, random_graph, random_vec, Rng, Sizes};
 
 /// One random case: every rank draws the same graph, spec and input from `seed`. Returns

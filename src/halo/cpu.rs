@@ -41,7 +41,7 @@ pub(crate) const PARALLEL_MIN_BYTES: usize = 512 << 10;
 const BYTES_PER_THREAD: usize = 128 << 10;
 
 /// Most threads one job uses.
-const MAX_THREADS: usize = 16;
+pub(crate) const MAX_THREADS: usize = 16;
 
 /// Most dims of a transfer: the spec's, plus the atoms of a raw element.
 const MAX_NEST_DIMS: usize = MAX_DIMS + 1;

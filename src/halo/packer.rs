@@ -23,7 +23,7 @@
 
 use std::sync::Arc;
 
-use super::cpu::{thread_budget, Direction, HostJob, HostSchedule};
+use super::cpu::{thread_budget, Direction, HostJob, HostSchedule, MAX_THREADS as MAX_HOST_THREADS};
 use super::gpu::{DescriptorPlacement, DeviceTable, MAX_INLINE_DESCRIPTORS};
 use super::plan::{ArrayRef, Component, PackedSlot, Plan};
 use super::pool::PooledBuffer;
@@ -157,12 +157,13 @@ impl HaloPacker {
         })
     }
 
-    /// Sets the most threads one host-backend job may use (default: the machine's parallelism,
-    /// at most 16; `0` counts as 1). Jobs under 512 KiB run on one thread (the caller's when the
-    /// stream is idle and the job is at most 1 MiB, as the module rules say; else the stream's
-    /// worker); larger ones add a thread per 128 KiB up to this limit. No effect on CUDA.
+    /// Sets the most threads one host-backend job may use, clamped to 1..=16 (default: the
+    /// machine's parallelism, at most 16). Jobs under 512 KiB run on one thread (the caller's
+    /// when the stream is idle and the job is at most 1 MiB, as the module rules say; else the
+    /// stream's worker); larger ones add a thread per 128 KiB up to this limit. No effect on
+    /// CUDA.
     pub fn set_host_threads(&mut self, threads: usize) {
-        self.host_threads = threads.max(1);
+        self.host_threads = threads.clamp(1, MAX_HOST_THREADS);
     }
 
     /// The most threads one host-backend job may use.
@@ -360,9 +361,12 @@ impl HaloPacker {
     ///
     /// # Errors
     ///
-    /// Errors of [`crate::copy()`].
+    /// Errors of [`crate::copy()`]; [`Error::InvalidArgument`] if either buffer was replaced
+    /// by one of another size or device.
     pub fn copy_pack_to_unpack(&mut self) -> Result<()> {
         let src = self.pack_buf.get()?;
+        // Checked as every other use checks it (`get_mut` does not).
+        self.unpack_buf.get()?;
         let dst = self.unpack_buf.get_mut()?;
         copy(&self.stream, src, dst).map(|_| ())
     }

@@ -9,7 +9,7 @@
 //! Rules:
 //! - Data is an [`Array`]: a view of a [`DeviceBuffer`](crate::DeviceBuffer) on a
 //!   [`DeviceSpec`](crate::DeviceSpec). Element types are [`Field`]s: `f32`, `f64`,
-//!   `Complex<f32>`, `Complex<f64>`.
+//!   `Complex<f32>`, `Complex<f64>` (of [`crate::num_complex`], re-exported).
 //! - Where work runs: an operator computes on the device of its input array, queued on the
 //!   compute stream of the array's spec, and returns an array on the same spec. Only
 //!   [`ToDevice`] changes the spec; a batched operator's tiles therefore compute on the

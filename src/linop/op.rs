@@ -175,7 +175,9 @@ pub(crate) fn check_split<T: Field>(op: &dyn Linop<T>, dim: &str, range: &Range<
     let Some(size) = op.dim_size(dim) else {
         return Err(super::dims::unknown_dim(op.name(), dim));
     };
-    if range.start <= range.end && range.end <= size {
+    if range.start > range.end {
+        Err(Error::invalid(format!("{}: range {range:?} of dim {dim:?} is reversed", op.name())))
+    } else if range.end <= size {
         Ok(())
     } else {
         Err(Error::invalid(format!("{}: range {range:?} is outside dim {dim:?} of size {size}", op.name())))
