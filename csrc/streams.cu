@@ -71,6 +71,12 @@ cuferry_status cuferry_cuda_event_create(int32_t device, int32_t timing, cuferry
   CF_TRY(cudaSetDevice(device));
   cudaEvent_t e = nullptr;
   unsigned flags = timing ? cudaEventDefault : cudaEventDisableTiming;
+  // cudaEventSynchronize busy-waits unless the event was made with cudaEventBlockingSync,
+  // whatever the device's scheduling flag: an event made while the device is set to block
+  // (Device::set_host_wait(Block)) blocks its waiters as cudaStreamSynchronize does.
+  unsigned device_flags = 0;
+  CF_TRY(cudaGetDeviceFlags(&device_flags));
+  if ((device_flags & cudaDeviceScheduleMask) == cudaDeviceScheduleBlockingSync) flags |= cudaEventBlockingSync;
   CF_TRY(cudaEventCreateWithFlags(&e, flags));
   *event = reinterpret_cast<cuferry_event>(e);
   return CUFERRY_STATUS_SUCCESS;

@@ -264,6 +264,11 @@ impl Device {
 /// and every other call that blocks on device work (CUDA's device scheduling flag,
 /// [`Device::set_host_wait`]).
 ///
+/// CUDA fixes how an event is waited for when the event is made: events made while the device
+/// is set to [`HostWait::Block`] block their waiters (cuferry adds `cudaEventBlockingSync`);
+/// events made before keep spinning. The buffers' use tracking and a ring make their events
+/// as they go, so set the mode before creating streams, buffers and rings.
+///
 /// A spinning waiter answers within a microsecond or two but keeps a core busy for the whole
 /// wait, a core that a [`PackExecutor`](crate::ring::PackExecutor) filling ring slots, or any
 /// other host thread, then does not get. A blocked waiter costs no CPU and wakes later (tens

@@ -194,17 +194,29 @@ fn thread_cpu_time() -> std::time::Duration {
     std::time::Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
-/// Waits `hold` in `Stream::synchronize` behind a gate; returns (wall, this thread's CPU).
-fn timed_wait(device: Device, hold: std::time::Duration) -> (std::time::Duration, std::time::Duration) {
+/// Waits `hold` behind a gate, in `Stream::synchronize` or (`on_event`) in
+/// `Event::synchronize` on an event made and recorded after the gate; returns (wall, this
+/// thread's CPU).
+fn timed_wait(
+    device: Device,
+    hold: std::time::Duration,
+    on_event: bool,
+) -> (std::time::Duration, std::time::Duration) {
     let stream = Stream::new(device).unwrap();
     let gate = std::sync::Arc::new(common::Gate::hold(&stream));
+    let event = Event::new(device).unwrap();
+    event.record(&stream).unwrap();
     let opener = std::sync::Arc::clone(&gate);
     let opening = std::thread::spawn(move || {
         std::thread::sleep(hold);
         opener.open();
     });
     let (wall, cpu) = (std::time::Instant::now(), thread_cpu_time());
-    stream.synchronize().unwrap();
+    if on_event {
+        event.synchronize().unwrap();
+    } else {
+        stream.synchronize().unwrap();
+    }
     let waited = (wall.elapsed(), thread_cpu_time() - cpu);
     opening.join().unwrap();
     assert!(gate.passed());
@@ -212,8 +224,9 @@ fn timed_wait(device: Device, hold: std::time::Duration) -> (std::time::Duration
 }
 
 /// Every mode reads back as set, and the old one goes back. Under `HostWait::Block` a thread
-/// waiting in `Stream::synchronize` spends next to no CPU time: this checks that the mode
-/// reaches a context already in use, not only one created afterwards. (Spin's figure is
+/// waiting in `Stream::synchronize`, or in `Event::synchronize` on an event made under it,
+/// spends next to no CPU time: this checks that the mode reaches a context already in use,
+/// not only one created afterwards. (Spin's figure is
 /// printed for comparison, not asserted: a loaded host may deschedule a spinning thread.)
 #[test]
 fn host_wait_is_set_read_back_and_blocks_waiters() {
@@ -229,20 +242,30 @@ fn host_wait_is_set_read_back_and_blocks_waiters() {
         assert_eq!(device.host_wait().unwrap(), old, "the guard put the old mode back");
     }
     let hold = std::time::Duration::from_millis(300);
-    let spin = {
-        let _setting = HostWaitSetting::set(device, HostWait::Spin);
-        timed_wait(device, hold)
-    };
-    let block = {
-        let _setting = HostWaitSetting::set(device, HostWait::Block);
-        timed_wait(device, hold)
-    };
-    println!(
-        "waiting {hold:?}: spin {:?} CPU in {:?}, block {:?} CPU in {:?}",
-        spin.1, spin.0, block.1, block.0
-    );
-    assert!(block.0 >= hold / 2, "the wait ended before the gate opened: {:?}", block.0);
-    assert!(block.1 < block.0 / 4, "a blocked waiter spent {:?} of CPU in {:?}", block.1, block.0);
+    // A stream's wait, then an event's (CUDA spins in an event's wait unless the event was
+    // made blocking: the events made under Block must be).
+    for on_event in [false, true] {
+        let what = if on_event { "Event::synchronize" } else { "Stream::synchronize" };
+        let spin = {
+            let _setting = HostWaitSetting::set(device, HostWait::Spin);
+            timed_wait(device, hold, on_event)
+        };
+        let block = {
+            let _setting = HostWaitSetting::set(device, HostWait::Block);
+            timed_wait(device, hold, on_event)
+        };
+        println!(
+            "{what}, waiting {hold:?}: spin {:?} CPU in {:?}, block {:?} CPU in {:?}",
+            spin.1, spin.0, block.1, block.0
+        );
+        assert!(block.0 >= hold / 2, "{what}: the wait ended before the gate opened: {:?}", block.0);
+        assert!(
+            block.1 < block.0 / 4,
+            "{what}: a blocked waiter spent {:?} of CPU in {:?}",
+            block.1,
+            block.0
+        );
+    }
     let bad = Device::Cuda(Device::cuda_count() + 3);
     assert!(bad.host_wait().is_err() && bad.set_host_wait(HostWait::Block).is_err());
 }
