@@ -666,7 +666,8 @@ class Ring(_Handle):
 
     def next(self, stream, timeout=None):
         """The next published item in order, ready for work queued on `stream` (`Closed` once
-        closed and drained; `Timeout`, or `WouldBlock` for 0)."""
+        closed and drained; `Timeout`, or `WouldBlock` for 0). When `stream` cannot be ordered
+        after the upload, the error is raised and the item stays first in line."""
         item = ctypes.c_void_p()
         self._call("cuferry_ring_next", stream._live(), _micros(timeout), ctypes.byref(item))
         return RingItem(self.lib, item)

@@ -454,6 +454,8 @@ on_both_backends! {
     a_panicking_backend_never_loses_a_slot => a_panicking_backend_never_loses_a_slot;
     huge_timeouts_wait_forever => huge_timeouts_wait_forever;
     one_blocked_acquire_counts_one_wait => one_blocked_acquire_counts_one_wait;
+    a_failed_ordering_keeps_the_slot_first => a_failed_ordering_keeps_the_slot_first;
+    a_handed_back_slot_wakes_a_waiting_consumer => a_handed_back_slot_wakes_a_waiting_consumer;
 }
 
 /// A depth-1 ring over `FlakyBackend` (no failed submissions) as `configure` sets it up.
@@ -495,6 +497,70 @@ fn a_panicking_backend_never_loses_a_slot(device: Device) {
     assert_eq!(in_release.stats().occupancy, 0, "{:?}", in_release.stats());
     publish(&in_release, 0, 1);
     check_slot(&in_release.next_timeout(&stream, Duration::from_secs(5)).unwrap(), &stream, 0);
+}
+
+/// A consumer whose stream cannot be ordered after the upload gets the error, and the slot
+/// stays first in the FIFO: the next calls (each way of taking) receive every item in publish
+/// order, nothing dropped, and the ring keeps its depth.
+fn a_failed_ordering_keeps_the_slot_first(device: Device) {
+    let stream = Stream::new(device).unwrap();
+    let ring = flaky_ring_with(device, 4, |b| b.failing_waits(3)).unwrap();
+    for seq in 0..4 {
+        publish(&ring, 0, seq);
+    }
+    let injected = |r: cuferry::Result<ConsumerSlot>| match r {
+        Err(Error::Unsupported { what }) => assert!(what.contains("injected wait failure"), "{what}"),
+        other => panic!("expected the injected failure, got {other:?}"),
+    };
+    injected(ring.try_next(&stream));
+    injected(ring.next_timeout(&stream, Duration::from_secs(5)));
+    injected(ring.next(&stream));
+    assert_eq!(ring.stats().occupancy, 4, "{:?}", ring.stats());
+    for seq in 0..4 {
+        let slot = ring.next_timeout(&stream, Duration::from_secs(5)).unwrap();
+        assert_eq!(slot.meta().sequence, seq);
+        check_slot(&slot, &stream, 0);
+    }
+    assert!(matches!(ring.try_next(&stream), Err(Error::WouldBlock { .. })));
+    // Every slot went back: the ring takes a full depth again.
+    for seq in 4..8 {
+        publish(&ring, 0, seq);
+    }
+    ring.close();
+    let rest: Vec<u64> = std::iter::from_fn(|| ring.next(&stream).ok().map(|s| s.meta().sequence)).collect();
+    assert_eq!(rest, [4, 5, 6, 7]);
+}
+
+/// Two consumers wait on one published slot; whichever receives it first fails to order its
+/// stream and returns, and the slot it hands back wakes the other, which receives it intact.
+fn a_handed_back_slot_wakes_a_waiting_consumer(device: Device) {
+    let ring = Arc::new(flaky_ring(device, |b| b.failing_waits(1)));
+    let (started_tx, started_rx) = std::sync::mpsc::channel();
+    let consumers: Vec<_> = (0..2)
+        .map(|_| {
+            let (ring, started) = (Arc::clone(&ring), started_tx.clone());
+            std::thread::spawn(move || {
+                let stream = Stream::new(device).unwrap();
+                started.send(()).unwrap();
+                let got = ring.next_timeout(&stream, Duration::from_secs(10));
+                got.map(|slot| {
+                    check_slot(&slot, &stream, 0);
+                    slot.meta().sequence
+                })
+            })
+        })
+        .collect();
+    for _ in 0..2 {
+        started_rx.recv().unwrap();
+    }
+    // Both are (almost surely) asleep by now; either order of arrival must work.
+    std::thread::sleep(Duration::from_millis(50));
+    publish(&ring, 0, 7);
+    let results: Vec<_> = consumers.into_iter().map(|c| c.join().unwrap()).collect();
+    let received: Vec<u64> = results.iter().filter_map(|r| r.as_ref().ok().copied()).collect();
+    assert_eq!(received, [7], "{results:?}");
+    let failed = results.iter().filter(|r| matches!(r, Err(Error::Unsupported { .. }))).count();
+    assert_eq!(failed, 1, "{results:?}");
 }
 
 /// `Duration::MAX` (a common way to say "forever") neither panics computing a deadline nor

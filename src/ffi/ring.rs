@@ -371,7 +371,8 @@ unsafe fn produce_items<T>(
 /// microseconds for one (negative: forever; 0: `CUFERRY_STATUS_WOULD_BLOCK` at once; positive:
 /// `CUFERRY_STATUS_TIMEOUT` after that long); `stream` (the consumer's) is ordered after its
 /// upload, and its release is recorded on it. Any thread may call it; the item handle is then
-/// used by one thread at a time.
+/// used by one thread at a time. When `stream` cannot be ordered after the upload, the error is
+/// returned and the item stays first in line for the next call (nothing published is lost).
 ///
 /// # Safety
 ///

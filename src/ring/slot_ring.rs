@@ -17,6 +17,10 @@
 //!   stream already ordered after the upload. Dropping the [`ConsumerSlot`] (or
 //!   [`ConsumerSlot::release`]) records the consumed point on that stream; the next upload into
 //!   the slot waits for it on the device.
+//! - A consumer whose stream cannot be ordered after the upload gets that error and the slot
+//!   goes back to the head of the FIFO, in its publish place: the next `next` (this consumer's
+//!   or a waiting one's, which is woken) receives it; nothing published is dropped. Only a
+//!   panicking custom backend loses the slot's data (the device slot goes back to the ring).
 //! - A failed upload submission returns the error to its producer and both slots to the ring,
 //!   which stays usable. [`SlotRing::fail`] closes the ring with an error; [`SlotRing::close`]
 //!   closes it cleanly. After closing, producers get [`Error::Closed`]; consumers first drain
@@ -47,6 +51,7 @@
 //! # Ok::<(), cuferry::Error>(())
 //! ```
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -117,11 +122,23 @@ struct Published {
     submit: Duration,
 }
 
+/// The published slots no consumer holds, keyed by publish order: a slot handed back (its
+/// consumer's stream could not be ordered) goes back to its place, ahead of later ones.
+#[derive(Default)]
+struct ReadyQueue {
+    next_order: u64,
+    slots: BTreeMap<u64, Published>,
+}
+
 struct Shared {
     backend: Box<dyn TransferBackend>,
     free_host: (Sender<usize>, Receiver<usize>),
     free_device: (Sender<usize>, Receiver<usize>),
-    ready: (Sender<Published>, Receiver<Published>),
+    /// The slots ready for consumers; every slot put in it sends one token on `ready`.
+    ready_slots: Mutex<ReadyQueue>,
+    /// One token per slot in `ready_slots`: receiving one entitles a consumer to take the
+    /// oldest slot (tokens and slots only ever move together, so one is always there).
+    ready: (Sender<()>, Receiver<()>),
     /// Dropped on close: every select on `closed_rx` wakes up.
     close_tx: Mutex<Option<Sender<()>>>,
     closed_rx: Receiver<()>,
@@ -161,6 +178,36 @@ impl Shared {
     fn return_device(&self, device: usize) {
         self.occupancy.fetch_sub(1, Ordering::AcqRel);
         let _ = self.free_device.0.send(device);
+    }
+
+    fn ready_slots(&self) -> std::sync::MutexGuard<'_, ReadyQueue> {
+        // The queue is a plain map, consistent between statements: a panic elsewhere while
+        // the lock was held leaves nothing half done.
+        self.ready_slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Puts `published` last in the FIFO and sends its token (the caller holds the close
+    /// lock, so it lands before a close or not at all).
+    fn queue_published(&self, published: Published) {
+        let mut queue = self.ready_slots();
+        let order = queue.next_order;
+        queue.next_order += 1;
+        queue.slots.insert(order, published);
+        drop(queue);
+        // The receiver lives in `self`, so the send cannot fail.
+        let _ = self.ready.0.send(());
+    }
+
+    /// Puts a slot a consumer could not take back in its publish place and wakes a waiting
+    /// consumer with its token.
+    fn hand_back(&self, order: u64, published: Published) {
+        self.ready_slots().slots.insert(order, published);
+        let _ = self.ready.0.send(());
+    }
+
+    /// The oldest ready slot, for a consumer that received a token.
+    fn take_oldest(&self) -> Option<(u64, Published)> {
+        self.ready_slots().slots.pop_first()
     }
 
     /// Takes an index from `queue`, honouring close and the deadline. The first miss of one
@@ -346,6 +393,7 @@ impl SlotRing {
                 backend,
                 free_host,
                 free_device,
+                ready_slots: Mutex::new(ReadyQueue::default()),
                 ready: unbounded(),
                 close_tx: Mutex::new(Some(close_tx)),
                 closed_rx,
@@ -479,14 +527,16 @@ impl SlotRing {
     ///
     /// # Errors
     ///
-    /// [`Error::Closed`] once the ring is closed and drained; CUDA errors ordering the stream.
+    /// [`Error::Closed`] once the ring is closed and drained; CUDA errors ordering the stream
+    /// (the slot then stays first in the FIFO).
     pub fn next(&self, stream: &Stream) -> Result<ConsumerSlot> {
-        loop {
-            match self.next_until(stream, Some(Instant::now() + FOREVER)) {
+        let ready = loop {
+            match self.wait_ready(Some(Instant::now() + FOREVER)) {
                 Err(Error::Timeout { .. }) => continue,
-                other => return other,
+                other => break other?,
             }
-        }
+        };
+        self.hand_out(ready, stream)
     }
 
     /// Like [`SlotRing::next`], giving up after `timeout` with [`Error::Timeout`] (a timeout
@@ -497,7 +547,7 @@ impl SlotRing {
     /// [`Error::Timeout`], [`Error::Closed`], CUDA errors.
     pub fn next_timeout(&self, stream: &Stream, timeout: Duration) -> Result<ConsumerSlot> {
         match Instant::now().checked_add(timeout) {
-            Some(deadline) => self.next_until(stream, Some(deadline)),
+            Some(deadline) => self.hand_out(self.wait_ready(Some(deadline))?, stream),
             None => self.next(stream),
         }
     }
@@ -508,45 +558,64 @@ impl SlotRing {
     ///
     /// [`Error::WouldBlock`], [`Error::Closed`], CUDA errors.
     pub fn try_next(&self, stream: &Stream) -> Result<ConsumerSlot> {
-        self.next_until(stream, None)
+        self.hand_out(self.wait_ready(None)?, stream)
     }
 
-    fn next_until(&self, stream: &Stream, deadline: Option<Instant>) -> Result<ConsumerSlot> {
+    /// Takes the oldest ready slot, waiting for one until `deadline` (`None`: not at all).
+    fn wait_ready(&self, deadline: Option<Instant>) -> Result<(u64, Published)> {
         let s = &self.shared;
-        let ready = &s.ready.1;
-        let published = match ready.try_recv() {
-            Ok(p) => p,
-            // Publishes queue under the close lock, so one that landed before the close is
-            // seen by this second look.
-            Err(_) if s.is_closed() => ready.try_recv().map_err(|_| s.closed_error())?,
-            Err(_) => {
-                let Some(deadline) = deadline else {
-                    return Err(Error::WouldBlock { what: "no published slot" });
-                };
-                let started = Instant::now();
-                match poll_briefly(ready, deadline, || s.is_closed()) {
-                    Some(p) => p,
-                    None => {
-                        let timeout = deadline.saturating_duration_since(Instant::now());
-                        select! {
-                            recv(ready) -> msg => msg.map_err(|_| s.closed_error())?,
-                            recv(s.closed_rx) -> _ => ready.try_recv().map_err(|_| s.closed_error())?,
-                            default(timeout) => {
-                                return Err(Error::Timeout {
-                                    what: "no published slot",
-                                    waited: started.elapsed(),
-                                })
+        let tokens = &s.ready.1;
+        let started = Instant::now();
+        loop {
+            // Each arm receives one token or returns.
+            match tokens.try_recv() {
+                Ok(()) => {}
+                // Publishes queue under the close lock, so one that landed before the close is
+                // seen by this second look.
+                Err(_) if s.is_closed() => tokens.try_recv().map_err(|_| s.closed_error())?,
+                Err(_) => {
+                    let Some(deadline) = deadline else {
+                        return Err(Error::WouldBlock { what: "no published slot" });
+                    };
+                    match poll_briefly(tokens, deadline, || s.is_closed()) {
+                        Some(()) => {}
+                        None => {
+                            let timeout = deadline.saturating_duration_since(Instant::now());
+                            select! {
+                                recv(tokens) -> msg => msg.map_err(|_| s.closed_error())?,
+                                recv(s.closed_rx) -> _ => tokens.try_recv().map_err(|_| s.closed_error())?,
+                                default(timeout) => {
+                                    return Err(Error::Timeout {
+                                        what: "no published slot",
+                                        waited: started.elapsed(),
+                                    })
+                                }
                             }
                         }
                     }
                 }
             }
-        };
-        // Until the consumer's guard exists, a failure (or a panicking custom backend) gives the
-        // slot back: it cannot be handed out safely, and its data is dropped.
+            // A token always has its slot (they are queued together and taken together); a
+            // miss would only mean another look.
+            if let Some(ready) = s.take_oldest() {
+                return Ok(ready);
+            }
+        }
+    }
+
+    /// Orders `stream` after the upload of the slot taken by [`SlotRing::wait_ready`] and
+    /// hands it to the consumer; on an error the slot goes back to its place in the FIFO.
+    fn hand_out(&self, (order, published): (u64, Published), stream: &Stream) -> Result<ConsumerSlot> {
+        let s = &self.shared;
+        // A panicking custom backend unwinds through this guard, which gives the device slot
+        // back: the slot's data is dropped, the ring keeps its depth.
         let give_back = DeviceSlotReturn { shared: s, device: published.device, wait_for: None, armed: true };
-        s.backend.wait_stream_for_ready(published.device, stream)?;
+        let ordered = s.backend.wait_stream_for_ready(published.device, stream);
         give_back.defuse();
+        if let Err(e) = ordered {
+            s.hand_back(order, published);
+            return Err(e);
+        }
         Ok(ConsumerSlot {
             shared: Arc::clone(&self.shared),
             device: published.device,
@@ -668,13 +737,14 @@ impl ProducerSlot {
         // closed and empty (that slot would never be released). A slot refused here goes back
         // on drop like an abandoned one; its upload is queued ahead of any later one.
         // The counters move before the send: a consumer that received the item and reads
-        // the stats sees it counted. (The send cannot fail: the ring holds the receiver.)
+        // the stats sees it counted.
         let queued = {
             let open = s.close_tx.lock().unwrap_or_else(|e| e.into_inner());
             open.is_some() && {
                 s.published.fetch_add(1, Ordering::Relaxed);
                 s.bytes.fetch_add(bytes, Ordering::Relaxed);
-                s.ready.0.send(Published { device: self.device, meta, submit }).is_ok()
+                s.queue_published(Published { device: self.device, meta, submit });
+                true
             }
         };
         if !queued {

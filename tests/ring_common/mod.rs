@@ -10,13 +10,14 @@ use cuferry::ring::{StreamTransferBackend, TransferBackend, TransferCapabilities
 use cuferry::{Device, DeviceBuffer, Error, Stream};
 
 /// A backend whose every `fail_every`-th submission fails, wrapping the real one; optionally
-/// it panics once in `wait_stream_for_ready` or `release`, or overstates its slot size or
-/// count.
+/// it fails or panics in `wait_stream_for_ready`, panics once in `release`, or overstates its
+/// slot size or count.
 pub struct FlakyBackend {
     inner: StreamTransferBackend,
     calls: AtomicUsize,
     fail_every: usize,
     panic_in_wait: AtomicBool,
+    failing_waits: AtomicUsize,
     panic_in_release: AtomicBool,
     claimed_slot_bytes: Option<usize>,
     claimed_slot_count: Option<usize>,
@@ -31,6 +32,7 @@ impl FlakyBackend {
             calls: AtomicUsize::new(0),
             fail_every,
             panic_in_wait: AtomicBool::new(false),
+            failing_waits: AtomicUsize::new(0),
             panic_in_release: AtomicBool::new(false),
             claimed_slot_bytes: None,
             claimed_slot_count: None,
@@ -40,6 +42,13 @@ impl FlakyBackend {
     /// The next `wait_stream_for_ready` panics (user code in a custom backend).
     pub fn panic_once_in_wait(self) -> Self {
         self.panic_in_wait.store(true, Ordering::SeqCst);
+        self
+    }
+
+    /// The next `count` calls of `wait_stream_for_ready` fail (a consumer's stream that
+    /// cannot be ordered), without ordering anything.
+    pub fn failing_waits(self, count: usize) -> Self {
+        self.failing_waits.store(count, Ordering::SeqCst);
         self
     }
 
@@ -120,6 +129,9 @@ impl TransferBackend for FlakyBackend {
     fn wait_stream_for_ready(&self, device: usize, stream: &Stream) -> cuferry::Result<()> {
         if self.panic_in_wait.swap(false, Ordering::SeqCst) {
             panic!("injected panic in wait_stream_for_ready");
+        }
+        if self.failing_waits.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+            return Err(Error::Unsupported { what: "injected wait failure".into() });
         }
         self.inner.wait_stream_for_ready(device, stream)
     }
