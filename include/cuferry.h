@@ -499,8 +499,9 @@ enum CuferryStatus cuferry_device_alloc(const struct CuferryStream *stream,
 
 /**
  * Frees a buffer after the copies queued on it (NULL is a no-op). The handle is freed
- * whatever the status: an error reports a failed wait for those copies, and must not be
- * answered by freeing it again.
+ * whatever the status: an error reports a failed wait for those copies (the memory is then
+ * leaked, since they may still use it) or a failed free, and must not be answered by freeing
+ * it again.
  *
  * # Safety
  *

@@ -434,8 +434,9 @@ pub unsafe extern "C" fn cuferry_device_alloc(
 }
 
 /// Frees a buffer after the copies queued on it (NULL is a no-op). The handle is freed
-/// whatever the status: an error reports a failed wait for those copies, and must not be
-/// answered by freeing it again.
+/// whatever the status: an error reports a failed wait for those copies (the memory is then
+/// leaked, since they may still use it) or a failed free, and must not be answered by freeing
+/// it again.
 ///
 /// # Safety
 ///
@@ -448,12 +449,11 @@ pub unsafe extern "C" fn cuferry_buffer_free(buffer: *mut CuferryBuffer) -> Cufe
         }
         // SAFETY: a live handle from an allocation function, given up by the caller.
         let b = unsafe { Box::from_raw(buffer) };
-        match &b.memory {
-            BufferMemory::Pinned(p) => p.synchronize()?,
-            BufferMemory::Device(d) => d.synchronize()?,
+        // Errors are returned, not also kept as drop errors.
+        match b.memory {
+            BufferMemory::Pinned(p) => p.free(),
+            BufferMemory::Device(d) => d.free(),
         }
-        drop(b);
-        Ok(())
     })
 }
 

@@ -5,7 +5,8 @@
 //!   nothing.
 //! - CUDA device memory comes from `cudaMalloc`, pinned memory from `cudaHostAlloc`.
 //! - `Drop` waits for the tracker (every queued use) and then frees; failures are kept for
-//!   [`take_drop_error`](crate::take_drop_error), never panicked on. An allocation marked
+//!   [`take_drop_error`](crate::take_drop_error), never panicked on;
+//!   [`TrackedAllocation::free`] does the same and returns them instead. An allocation marked
 //!   for deferred freeing (a cached one, or in tests `defer_free`) is handed to the
 //!   [reaper](super::reaper) instead of waiting, when its work has not finished and the
 //!   reaper's caps on pending frees allow. A dropped CUDA allocation makes its device current
@@ -323,6 +324,12 @@ impl TrackedAllocation {
     /// Gives the memory up without freeing or caching it (its queued work's fate is unknown),
     /// while releasing the tracker's streams and events.
     pub(crate) fn leak_memory(mut self) {
+        self.forget_memory();
+    }
+
+    /// Leaves `self` an empty allocation that frees nothing (the memory is freed or leaked),
+    /// releasing the tracker's streams and events.
+    fn forget_memory(&mut self) {
         self.tracker = UseTracker::default();
         self.origin = Origin::Host(None);
         self.ptr = std::ptr::null_mut();
@@ -373,8 +380,20 @@ impl TrackedAllocation {
     }
 }
 
-impl Drop for TrackedAllocation {
-    fn drop(&mut self) {
+impl TrackedAllocation {
+    /// Waits for the queued work and frees the memory now (or gives it back to the cache),
+    /// returning what fails instead of keeping it for
+    /// [`take_drop_error`](crate::take_drop_error). From a host stream's job with work still
+    /// pending, the free is handed to the reaper as a drop would. A failed wait leaks the
+    /// memory, as a drop does.
+    pub(crate) fn free(mut self) -> Result<()> {
+        self.deferred = false;
+        self.release()
+    }
+
+    /// The body of `drop`, with its first failure returned; leaves `self` empty (nothing to
+    /// free) on every path.
+    fn release(&mut self) -> Result<()> {
         // Inside a host stream's job, waiting could be for work queued behind that job, which
         // never runs: every allocation dropped there with work pending goes to the reaper.
         let in_job = crate::stream::host::in_job();
@@ -389,19 +408,19 @@ impl Drop for TrackedAllocation {
         if (self.deferred || in_job) && !matches!(self.tracker.is_idle(), Ok(true)) {
             let capped = if in_job { Capped::No } else { Capped::Yes };
             match super::reaper::defer(self.take(), capped) {
-                Ok(()) => return,
+                Ok(()) => return Ok(()),
                 // No reaper, or its caps reached: wait and free here, as an unmarked one.
                 Err(mut back) => std::mem::swap(self, &mut back),
             }
         }
         if let Err(err) = self.tracker.wait_idle() {
             // The queued work's fate is unknown: leaking is the only safe choice.
-            record_drop_error(err);
-            return;
+            self.forget_memory();
+            return Err(err);
         }
         if self.recycle {
             match cache::global().give(self.take()) {
-                Ok(()) => return,
+                Ok(()) => return Ok(()),
                 // The cache is full: free it here.
                 Err(mut back) => {
                     back.recycle = false;
@@ -422,7 +441,15 @@ impl Drop for TrackedAllocation {
             // SAFETY: the pointer came from `pinned_alloc`; no queued work uses it.
             Origin::CudaPinned(ordinal) => unsafe { raw::pinned_free(ordinal, self.ptr.cast::<c_void>()) },
         };
-        if let Err(err) = freed {
+        // Freed (or, when the free failed, in an unknown state): never touched again.
+        self.forget_memory();
+        freed
+    }
+}
+
+impl Drop for TrackedAllocation {
+    fn drop(&mut self) {
+        if let Err(err) = self.release() {
             record_drop_error(err);
         }
     }
@@ -514,6 +541,34 @@ mod tests {
         let host = super::TrackedAllocation::host_zeroed(isize::MAX as usize - 4095).map(drop);
         assert!(host.as_ref().is_err_and(super::is_out_of_memory), "{host:?}");
         assert_eq!(calls.load(Ordering::SeqCst), 1, "a failure other than out-of-memory was retried");
+    }
+
+    /// `free` waits for the queued work, even for an allocation whose drop would leave that
+    /// to the reaper, and returns a failure to its caller instead of keeping it as a drop
+    /// error (`cuferry_buffer_free` reported such a failure twice).
+    #[test]
+    fn free_waits_and_returns_its_errors() {
+        let fresh = Stream::new(Device::Host).unwrap();
+        let src = DeviceBuffer::from_slice(&fresh, &[7u16; 256]).unwrap().with_deferred_free();
+        let mut dst = DeviceBuffer::<u16>::zeroed(&fresh, 256).unwrap();
+        let stream = Stream::new(Device::Host).unwrap();
+        let gate = Gate::hold(&stream);
+        copy(&stream, &src, &mut dst).unwrap();
+        let opener = gate.open_after(Duration::from_millis(20));
+        src.free().unwrap();
+        assert!(gate.passed(), "free returned before the copy queued on the buffer ran");
+        opener.join().unwrap();
+        assert_eq!(dst.to_vec(&stream).unwrap(), vec![7u16; 256]);
+
+        // An allocation no CUDA device can own: its free fails without calling CUDA.
+        let bogus = TrackedAllocation::new(0x1000 as *mut u8, 16, super::Origin::CudaDevice(u32::MAX));
+        let err = bogus.free().unwrap_err();
+        assert!(err.to_string().contains("4294967295"), "{err}");
+        let kept = crate::take_drop_error();
+        assert!(
+            !kept.as_ref().is_some_and(|e| e.to_string().contains("4294967295")),
+            "the failure was also kept as a drop error: {kept:?}"
+        );
     }
 
     /// Memory evicted from the cache by another thread but not yet handed to the reaper is

@@ -304,6 +304,19 @@ impl<T: Element> DeviceBuffer<T> {
         self.alloc.tracker.wait_idle()
     }
 
+    /// Frees the buffer now, after the operations queued on it (a cached allocation goes
+    /// back to the cache), and returns what fails: dropping does the same but can only keep
+    /// errors for [`take_drop_error`](crate::take_drop_error). Called from a host stream's
+    /// job with work still pending, the free waits in the background as a drop's does.
+    ///
+    /// # Errors
+    ///
+    /// CUDA errors of the wait (the memory is then leaked: the queued work may still use it)
+    /// or of the free.
+    pub fn free(self) -> Result<()> {
+        self.alloc.free()
+    }
+
     /// True when no queued operation on this buffer is pending; does not block.
     ///
     /// # Errors
