@@ -413,10 +413,12 @@ fn to_device_between_host_devices() {
     let back = Linop::<C64>::adjoint(&t).apply(&y).unwrap();
     assert_eq!(back.spec().compute_stream.id(), a.compute_stream.id());
     assert_eq!(back.to_vec().unwrap(), x.to_vec().unwrap());
-    // The normal of a transfer is the identity operator.
+    // The normal of a transfer is the identity on its source: a transfer from there to there.
     let n = Linop::<C64>::normal(&t);
-    assert_eq!(n.name(), "Identity");
-    assert_eq!(n.apply(&x).unwrap().to_vec().unwrap(), x.to_vec().unwrap());
+    assert_eq!(n.name(), "ToDevice");
+    let nx = n.apply(&x).unwrap();
+    assert_eq!(nx.spec().compute_stream.id(), a.compute_stream.id());
+    assert_eq!(nx.to_vec().unwrap(), x.to_vec().unwrap());
     // A view (slice) moves as its elements.
     let v = x.slice(1, 3..10).unwrap();
     let tv = ToDevice::new(a.clone(), b.clone(), dims(&[("x", 1000), ("y", 7)]));
@@ -654,8 +656,11 @@ fn cuda_to_device_round_trip() {
         Linop::<C64>::apply(&Identity::new(d), &on_gpu).unwrap().to_vec().unwrap(),
         x.to_vec().unwrap()
     );
-    // A transfer from the host refuses an array already on the GPU.
+    // A transfer from the host refuses an array already on the GPU, and so does its normal.
     assert!(matches!(up.apply(&on_gpu), Err(Error::InvalidArgument { .. })));
+    let normal = Linop::<C64>::normal(&up);
+    assert!(matches!(normal.apply(&on_gpu), Err(Error::InvalidArgument { .. })));
+    assert_eq!(normal.apply(&x).unwrap().device(), Device::Host);
     let view = on_gpu.slice(1, 5..9).unwrap();
     let down = ToDevice::new(c.clone(), h.clone(), dims(&[("x", 300), ("y", 4)]));
     let want: Vec<C64> = x.to_vec().unwrap().chunks(1001).flat_map(|r| r[5..9].to_vec()).collect();

@@ -3,8 +3,8 @@
 //! Rules:
 //! - Forward copies an array from `ispec`'s device to `ospec`'s; the result lives on `ospec`
 //!   (later operators compute on its compute stream). The input must be on `ispec`'s device.
-//! - The adjoint is the reverse transfer; the normal is the identity (a round trip is
-//!   lossless). Splitting restricts the dims (the operator is diagonal in every dim).
+//! - The adjoint is the reverse transfer; the normal is the identity on `ispec` (a round
+//!   trip is lossless): it takes arrays of `ispec`'s device and returns them under `ispec`. Splitting restricts the dims (the operator is diagonal in every dim).
 //! - Transfers are asynchronous and pipelined on the pair's transfer stream; see
 //!   [`transfer_stream`](super::transfer_stream) for the stream choice and the ordering. The
 //!   stream is resolved on the first copy and kept by the operator (and its clones and
@@ -34,7 +34,6 @@ use std::sync::{Arc, Mutex};
 use super::array::Array;
 use super::dims::Dims;
 use super::field::Field;
-use super::identity::Identity;
 use super::op::{check_input, check_split, restrict, Linop, LinopRef};
 use super::transfer::{relabel, transfer_on, transfer_stream};
 use crate::device::DeviceSpec;
@@ -117,7 +116,9 @@ impl<T: Field> Linop<T> for ToDevice {
         Arc::new(ToDevice::new(self.ospec.clone(), self.ispec.clone(), self.dims.clone()))
     }
     fn normal(&self) -> LinopRef<T> {
-        Arc::new(Identity::new(self.dims.clone()))
+        // The identity on `ispec`: it refuses arrays of other devices and returns its result
+        // under `ispec`, as the round trip there and back does.
+        Arc::new(ToDevice::new(self.ispec.clone(), self.ispec.clone(), self.dims.clone()))
     }
     fn split(&self, dim: &str, range: Range<usize>) -> Result<LinopRef<T>> {
         check_split::<T>(self, dim, &range)?;
@@ -142,5 +143,21 @@ mod tests {
         assert_eq!(y.spec().compute_stream.id(), b.compute_stream.id());
         assert_eq!(y.to_vec().unwrap(), [1.0, 2.0]);
         assert!(t.stream.lock().unwrap().is_none(), "a transfer stream was made for no copy");
+    }
+
+    /// The normal takes an array as the round trip there and back does: its result is under
+    /// `ispec` (it used to be the plain identity, which kept the input's spec and accepted
+    /// arrays of any device).
+    #[test]
+    fn the_normal_returns_under_the_source_spec() {
+        let spec = || DeviceSpec::new(Device::Host).unwrap();
+        let (a, b, elsewhere) = (spec(), spec(), spec());
+        let t = ToDevice::new(a.clone(), b, Dims::new(&[("x", 2)]).unwrap());
+        let x = Array::from_slice(&elsewhere, &[2], &[1.0f64, 2.0]).unwrap();
+        let round_trip = Linop::<f64>::adjoint(&t).apply(&Linop::<f64>::apply(&t, &x).unwrap()).unwrap();
+        let normal = Linop::<f64>::normal(&t).apply(&x).unwrap();
+        assert_eq!(round_trip.spec().compute_stream.id(), a.compute_stream.id());
+        assert_eq!(normal.spec().compute_stream.id(), a.compute_stream.id());
+        assert_eq!(normal.to_vec().unwrap(), [1.0, 2.0]);
     }
 }
