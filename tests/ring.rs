@@ -456,6 +456,7 @@ on_both_backends! {
     one_blocked_acquire_counts_one_wait => one_blocked_acquire_counts_one_wait;
     a_failed_ordering_keeps_the_slot_first => a_failed_ordering_keeps_the_slot_first;
     a_handed_back_slot_wakes_a_waiting_consumer => a_handed_back_slot_wakes_a_waiting_consumer;
+    a_closed_ring_is_drained_only_when_no_slot_can_come_back => a_closed_ring_is_drained_only_when_no_slot_can_come_back;
 }
 
 /// A depth-1 ring over `FlakyBackend` (no failed submissions) as `configure` sets it up.
@@ -561,6 +562,40 @@ fn a_handed_back_slot_wakes_a_waiting_consumer(device: Device) {
     assert_eq!(received, [7], "{results:?}");
     let failed = results.iter().filter(|r| matches!(r, Err(Error::Unsupported { .. }))).count();
     assert_eq!(failed, 1, "{results:?}");
+}
+
+/// A closed ring whose last slot is in a consumer's hands, while that consumer fails to order
+/// its stream, is not drained yet: other consumers wait for the slot to come back (or are told
+/// to try again) instead of being told `Closed` while it is still to be handed out.
+fn a_closed_ring_is_drained_only_when_no_slot_can_come_back(device: Device) {
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    let (release, release_rx) = std::sync::mpsc::channel();
+    let ring = Arc::new(flaky_ring(device, |b| b.held_failing_wait(entered_tx, release_rx)));
+    publish(&ring, 0, 42);
+    ring.close();
+    let first = {
+        let ring = Arc::clone(&ring);
+        std::thread::spawn(move || ring.next(&Stream::new(device).unwrap()).map(|s| s.meta().sequence))
+    };
+    entered.recv_timeout(Duration::from_secs(10)).unwrap();
+    let stream = Stream::new(device).unwrap();
+    assert!(matches!(ring.try_next(&stream), Err(Error::WouldBlock { .. })));
+    assert!(matches!(ring.next_timeout(&stream, Duration::from_millis(20)), Err(Error::Timeout { .. })));
+    let second = {
+        let ring = Arc::clone(&ring);
+        std::thread::spawn(move || {
+            let stream = Stream::new(device).unwrap();
+            let slot = ring.next_timeout(&stream, Duration::from_secs(10))?;
+            check_slot(&slot, &stream, 0);
+            Ok::<_, Error>(slot.meta().sequence)
+        })
+    };
+    std::thread::sleep(Duration::from_millis(20));
+    release.send(()).unwrap();
+    assert!(matches!(first.join().unwrap(), Err(Error::Unsupported { .. })));
+    assert_eq!(second.join().unwrap().unwrap(), 42);
+    assert!(matches!(ring.next(&stream), Err(Error::Closed { reason: None })));
+    assert_eq!(ring.stats().occupancy, 0, "{:?}", ring.stats());
 }
 
 /// `Duration::MAX` (a common way to say "forever") neither panics computing a deadline nor

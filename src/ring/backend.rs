@@ -115,17 +115,15 @@ pub trait TransferBackend: Send + Sync {
     /// Index out of range; CUDA errors of the wait.
     fn wait_host_slot(&self, host: usize) -> Result<()>;
 
-    /// True when the last upload from host slot `host` has finished; does not block.
-    ///
-    /// The default waits for the upload ([`TransferBackend::wait_host_slot`]) and says true:
-    /// correct for a backend that cannot query, only slower.
+    /// True when the last upload from host slot `host` has finished; must not block: the
+    /// ring's bounded waits ([`SlotRing::try_acquire`](super::SlotRing::try_acquire),
+    /// `acquire_timeout`, `produce_timeout`) poll it and keep their deadline only if it
+    /// returns at once.
     ///
     /// # Errors
     ///
     /// Index out of range; CUDA errors of the query.
-    fn host_slot_idle(&self, host: usize) -> Result<bool> {
-        self.wait_host_slot(host).map(|()| true)
-    }
+    fn host_slot_idle(&self, host: usize) -> Result<bool>;
 
     /// Queues the upload of the first `bytes` bytes of host slot `host` into device slot
     /// `device`, ordered after the device slot's consumed point, and records the ready event.

@@ -19,12 +19,16 @@
 //!   the slot waits for it on the device.
 //! - A consumer whose stream cannot be ordered after the upload gets that error and the slot
 //!   goes back to the head of the FIFO, in its publish place: the next `next` (this consumer's
-//!   or a waiting one's, which is woken) receives it; nothing published is dropped. Only a
-//!   panicking custom backend loses the slot's data (the device slot goes back to the ring).
+//!   or a waiting one's, which is woken) receives it; nothing published is dropped. The slot
+//!   stays first whatever the cause, so an error that is the slot's own (a custom backend
+//!   refusing its index) comes back to every consumer. Only a panicking custom backend loses
+//!   the slot's data (the device slot goes back to the ring).
 //! - A failed upload submission returns the error to its producer and both slots to the ring,
 //!   which stays usable. [`SlotRing::fail`] closes the ring with an error; [`SlotRing::close`]
 //!   closes it cleanly. After closing, producers get [`Error::Closed`]; consumers first drain
 //!   every slot already published, then get [`Error::Closed`] (carrying the failure, if any).
+//!   A slot in another consumer's hands that may still come back counts as not drained: the
+//!   others wait for it (`try_next`: [`Error::WouldBlock`]).
 //!   A producer waiting for its host slot's last upload gets [`Error::Closed`] too: at the
 //!   next poll with a timeout, or, blocked in [`SlotRing::acquire`], once that upload has
 //!   finished (it runs once the consumers' queued work has); a close never hands it a slot.
@@ -128,6 +132,9 @@ struct Published {
 struct ReadyQueue {
     next_order: u64,
     slots: BTreeMap<u64, Published>,
+    /// Slots taken by consumers that are still ordering their streams (and may hand them
+    /// back): a closed ring is drained only when this is 0 and `slots` is empty.
+    in_hand: usize,
 }
 
 struct Shared {
@@ -198,16 +205,30 @@ impl Shared {
         let _ = self.ready.0.send(());
     }
 
-    /// Puts a slot a consumer could not take back in its publish place and wakes a waiting
-    /// consumer with its token.
+    /// Puts a slot a consumer could not take back in its publish place (no longer in hand)
+    /// and wakes a waiting consumer with its token.
     fn hand_back(&self, order: u64, published: Published) {
-        self.ready_slots().slots.insert(order, published);
+        let mut queue = self.ready_slots();
+        queue.slots.insert(order, published);
+        queue.in_hand -= 1;
+        drop(queue);
         let _ = self.ready.0.send(());
     }
 
-    /// The oldest ready slot, for a consumer that received a token.
+    /// The oldest ready slot, for a consumer that received a token; it is in hand until
+    /// [`InHand`] is dropped or the slot handed back.
     fn take_oldest(&self) -> Option<(u64, Published)> {
-        self.ready_slots().slots.pop_first()
+        let mut queue = self.ready_slots();
+        let oldest = queue.slots.pop_first();
+        queue.in_hand += usize::from(oldest.is_some());
+        oldest
+    }
+
+    /// Whether a closed ring has nothing left for consumers: no slot queued and none in a
+    /// consumer's hands that could come back.
+    fn drained(&self) -> bool {
+        let queue = self.ready_slots();
+        queue.slots.is_empty() && queue.in_hand == 0
     }
 
     /// Takes an index from `queue`, honouring close and the deadline. The first miss of one
@@ -325,6 +346,27 @@ impl Drop for DeviceSlotReturn<'_> {
             let _ = stream.wait_idle();
         }
         self.shared.return_device(self.device);
+    }
+}
+
+/// Takes a slot out of the consumers' hands (see [`ReadyQueue::in_hand`]) when dropped, on
+/// every path; `defuse` leaves that to [`Shared::hand_back`].
+struct InHand<'a> {
+    shared: &'a Shared,
+    armed: bool,
+}
+
+impl InHand<'_> {
+    fn defuse(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for InHand<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.shared.ready_slots().in_hand -= 1;
+        }
     }
 }
 
@@ -566,39 +608,51 @@ impl SlotRing {
         let s = &self.shared;
         let tokens = &s.ready.1;
         let started = Instant::now();
+        let timeout = |what| Error::Timeout { what, waited: started.elapsed() };
         loop {
-            // Each arm receives one token or returns.
-            match tokens.try_recv() {
-                Ok(()) => {}
-                // Publishes queue under the close lock, so one that landed before the close is
-                // seen by this second look.
-                Err(_) if s.is_closed() => tokens.try_recv().map_err(|_| s.closed_error())?,
+            let received = match tokens.try_recv() {
+                Ok(()) => true,
+                // Publishes queue under the close lock: once it is closed, every slot that
+                // landed is in the queue or in a consumer's hands. One in hand may still come
+                // back (its consumer's stream could not be ordered), so only with none left
+                // is the ring drained; until then this polls.
+                Err(_) if s.is_closed() => {
+                    if s.drained() {
+                        return Err(s.closed_error());
+                    }
+                    const WHAT: &str = "a slot another consumer may hand back";
+                    let Some(deadline) = deadline else { return Err(Error::WouldBlock { what: WHAT }) };
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(timeout(WHAT));
+                    }
+                    std::thread::sleep(UPLOAD_POLL.0.min(left));
+                    false
+                }
                 Err(_) => {
                     let Some(deadline) = deadline else {
                         return Err(Error::WouldBlock { what: "no published slot" });
                     };
                     match poll_briefly(tokens, deadline, || s.is_closed()) {
-                        Some(()) => {}
+                        Some(()) => true,
                         None => {
-                            let timeout = deadline.saturating_duration_since(Instant::now());
+                            let left = deadline.saturating_duration_since(Instant::now());
                             select! {
-                                recv(tokens) -> msg => msg.map_err(|_| s.closed_error())?,
-                                recv(s.closed_rx) -> _ => tokens.try_recv().map_err(|_| s.closed_error())?,
-                                default(timeout) => {
-                                    return Err(Error::Timeout {
-                                        what: "no published slot",
-                                        waited: started.elapsed(),
-                                    })
-                                }
+                                recv(tokens) -> msg => msg.is_ok(),
+                                // Looked at again above, as closed.
+                                recv(s.closed_rx) -> _ => false,
+                                default(left) => return Err(timeout("no published slot")),
                             }
                         }
                     }
                 }
-            }
+            };
             // A token always has its slot (they are queued together and taken together); a
             // miss would only mean another look.
-            if let Some(ready) = s.take_oldest() {
-                return Ok(ready);
+            if received {
+                if let Some(ready) = s.take_oldest() {
+                    return Ok(ready);
+                }
             }
         }
     }
@@ -607,15 +661,19 @@ impl SlotRing {
     /// hands it to the consumer; on an error the slot goes back to its place in the FIFO.
     fn hand_out(&self, (order, published): (u64, Published), stream: &Stream) -> Result<ConsumerSlot> {
         let s = &self.shared;
-        // A panicking custom backend unwinds through this guard, which gives the device slot
-        // back: the slot's data is dropped, the ring keeps its depth.
+        // On every path but the hand-back the slot leaves the consumers' hands; a panicking
+        // custom backend unwinds through both guards: the device slot goes back to the ring
+        // and the slot's data is dropped, the ring keeps its depth.
+        let in_hand = InHand { shared: s, armed: true };
         let give_back = DeviceSlotReturn { shared: s, device: published.device, wait_for: None, armed: true };
         let ordered = s.backend.wait_stream_for_ready(published.device, stream);
         give_back.defuse();
         if let Err(e) = ordered {
+            in_hand.defuse();
             s.hand_back(order, published);
             return Err(e);
         }
+        drop(in_hand);
         Ok(ConsumerSlot {
             shared: Arc::clone(&self.shared),
             device: published.device,

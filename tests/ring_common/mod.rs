@@ -4,6 +4,8 @@
 #![allow(dead_code)]
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use cuferry::ring::{StreamTransferBackend, TransferBackend, TransferCapabilities};
@@ -18,6 +20,7 @@ pub struct FlakyBackend {
     fail_every: usize,
     panic_in_wait: AtomicBool,
     failing_waits: AtomicUsize,
+    held_wait: Mutex<Option<(Sender<()>, Receiver<()>)>>,
     panic_in_release: AtomicBool,
     claimed_slot_bytes: Option<usize>,
     claimed_slot_count: Option<usize>,
@@ -33,6 +36,7 @@ impl FlakyBackend {
             fail_every,
             panic_in_wait: AtomicBool::new(false),
             failing_waits: AtomicUsize::new(0),
+            held_wait: Mutex::new(None),
             panic_in_release: AtomicBool::new(false),
             claimed_slot_bytes: None,
             claimed_slot_count: None,
@@ -49,6 +53,13 @@ impl FlakyBackend {
     /// cannot be ordered), without ordering anything.
     pub fn failing_waits(self, count: usize) -> Self {
         self.failing_waits.store(count, Ordering::SeqCst);
+        self
+    }
+
+    /// The next `wait_stream_for_ready` says so on `entered`, waits for a message on
+    /// `release` (or its sender's drop), and then fails without ordering anything.
+    pub fn held_failing_wait(self, entered: Sender<()>, release: Receiver<()>) -> Self {
+        *self.held_wait.lock().unwrap() = Some((entered, release));
         self
     }
 
@@ -107,6 +118,9 @@ impl TransferBackend for FlakyBackend {
     fn wait_host_slot(&self, host: usize) -> cuferry::Result<()> {
         self.inner.wait_host_slot(host)
     }
+    fn host_slot_idle(&self, host: usize) -> cuferry::Result<bool> {
+        self.inner.host_slot_idle(host)
+    }
     unsafe fn submit_upload(&self, host: usize, device: usize, bytes: usize) -> cuferry::Result<Duration> {
         if self.calls.fetch_add(1, Ordering::SeqCst) % self.fail_every == self.fail_every - 1 {
             return Err(Error::Unsupported { what: "injected submit failure".into() });
@@ -129,6 +143,12 @@ impl TransferBackend for FlakyBackend {
     fn wait_stream_for_ready(&self, device: usize, stream: &Stream) -> cuferry::Result<()> {
         if self.panic_in_wait.swap(false, Ordering::SeqCst) {
             panic!("injected panic in wait_stream_for_ready");
+        }
+        let held = self.held_wait.lock().unwrap().take();
+        if let Some((entered, release)) = held {
+            let _ = entered.send(());
+            let _ = release.recv();
+            return Err(Error::Unsupported { what: "injected wait failure".into() });
         }
         if self.failing_waits.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
             return Err(Error::Unsupported { what: "injected wait failure".into() });
