@@ -7,7 +7,8 @@
 //!   shared: copies out of one buffer on several streams run at once, and a later write to the
 //!   source waits for all of them.
 //! - The direction comes from the two buffers' [`MemoryKind`]s and the stream's device:
-//!   - a host stream copies between host-accessible memory only (`memcpy` on its worker), and
+//!   - a host stream copies between host-accessible memory only (`memcpy` on its worker, or
+//!     on the calling thread for a small copy on an idle stream, which is the same order), and
 //!     managed memory only on devices with `concurrentManagedAccess` (`Error::Unsupported`
 //!     elsewhere: a host access while a kernel runs would fault);
 //!   - a CUDA stream copies host <-> its device, within its device, between its device and

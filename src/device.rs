@@ -9,10 +9,13 @@
 //! - [`Device::cuda_count`] never fails: it is 0 whenever CUDA cannot be used, and
 //!   [`Device::try_cuda_count`] says why.
 //! - Peer access is probed, never assumed: [`can_access_peer`] asks the driver.
-//! - CUDA calls behind cuferry's functions (allocations and frees, device queries, peer access,
-//!   drops of CUDA buffers) make their device current on the calling thread with
-//!   `cudaSetDevice` and leave it so, as the CUDA runtime's own calls do. Code mixing cuferry
-//!   with other runtime-API code sets its device again before its own calls.
+//! - CUDA calls behind cuferry's functions that need a current device (allocations and frees,
+//!   streams and events, memory info, enabling peer access, synchronizing a device, drops of
+//!   CUDA buffers) make their device current on the calling thread with `cudaSetDevice` and
+//!   leave it so, as the CUDA runtime's own calls do; queries that name their ordinal
+//!   (properties, the device count, whether peer access is possible) leave the current device
+//!   as it is. Code mixing cuferry with other runtime-API code sets its device again before
+//!   its own calls.
 
 use std::fmt;
 

@@ -92,9 +92,10 @@ pub(crate) fn synchronize(device: u32) -> Result<()> {
     check("cudaDeviceSynchronize", unsafe { sys::cuferry_cuda_device_synchronize(dev) })
 }
 
-/// Makes `device` current on the calling thread (`cudaSetDevice`). Only cuferry's own threads
-/// call it (the reaper, host-stream workers), before CUDA calls that would otherwise run with
-/// no current device and so create a context on device 0.
+/// Makes `device` current on the calling thread (`cudaSetDevice`), before CUDA calls that would
+/// otherwise run with no current device and so create a context on device 0: on cuferry's own
+/// threads (the reaper, host-stream workers) and, by the device rule that cuferry leaves its
+/// device current, on the user's thread when it drops or releases CUDA memory.
 pub(crate) fn make_current(device: u32) -> Result<()> {
     let dev = ordinal(device)?;
     // SAFETY: a plain value argument.
