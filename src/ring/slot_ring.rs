@@ -14,9 +14,11 @@
 //!   the consumer releases it. A producer slot dropped unpublished returns both slots: a torn
 //!   slot is never handed out.
 //! - [`SlotRing::next`] hands consumers published slots in publish order, with the consumer's
-//!   stream already ordered after the upload. Dropping the [`ConsumerSlot`] (or
-//!   [`ConsumerSlot::release`]) records the consumed point on that stream; the next upload into
-//!   the slot waits for it on the device.
+//!   stream already ordered after the upload (a CUDA stream consuming a host-backend ring is
+//!   ordered by a host wait for the upload, as [`Stream::wait_event`] does across backends,
+//!   which the deadlines of `try_next` and `next_timeout` do not bound). Dropping the
+//!   [`ConsumerSlot`] (or [`ConsumerSlot::release`]) records the consumed point on that
+//!   stream; the next upload into the slot waits for it on the device.
 //! - A consumer whose stream cannot be ordered after the upload gets that error and the slot
 //!   goes back to the head of the FIFO, in its publish place: the next `next` (this consumer's
 //!   or a waiting one's, which is woken) receives it; nothing published is dropped. The slot
