@@ -611,6 +611,9 @@ impl SlotRing {
         let tokens = &s.ready.1;
         let started = Instant::now();
         let timeout = |what| Error::Timeout { what, waited: started.elapsed() };
+        // The pause between two looks at a closed ring with a slot in another consumer's
+        // hands, doubled up to the producers' longest poll.
+        let mut pause = UPLOAD_POLL.0;
         loop {
             let received = match tokens.try_recv() {
                 Ok(()) => true,
@@ -628,7 +631,8 @@ impl SlotRing {
                     if left.is_zero() {
                         return Err(timeout(WHAT));
                     }
-                    std::thread::sleep(UPLOAD_POLL.0.min(left));
+                    std::thread::sleep(pause.min(left));
+                    pause = (pause * 2).min(UPLOAD_POLL.1);
                     false
                 }
                 Err(_) => {
