@@ -655,9 +655,9 @@ void *cuferry_managed_malloc(ssize_t size, int device, void *stream);
 
 /**
  * Frees memory from [`cuferry_managed_malloc`] in order on `stream`
- * (`CUDAPluggableAllocator`'s free). Unknown pointers and size or device mismatches are
- * reported through `cuferry_last_error_message` and ignored. When the free itself fails (a
- * stale stream), the allocation stays live and may be freed again.
+ * (`CUDAPluggableAllocator`'s free); NULL is a no-op. Unknown pointers and size or device
+ * mismatches are reported through `cuferry_last_error_message` and ignored. When the free
+ * itself fails (a stale stream), the allocation stays live and may be freed again.
  *
  * # Safety
  *

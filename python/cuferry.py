@@ -13,9 +13,12 @@ Rules:
   or buffer only when no other thread is using it; a ring's `free()` closes it and waits for
   the calls in progress on other threads (consumers blocked in `next` return `Closed`).
 - Timeouts are in seconds (None waits for good, 0 never waits); the ABI's are microseconds.
-- A value outside an unsigned C parameter's range (a negative or too large size, count or
-  offset; a bool) raises ValueError before the call through `Library.call` and the classes:
-  ctypes would wrap it to another number, and the library would answer about that one.
+- A value outside an integer C parameter's range (a negative or too large size, count or
+  offset; a device number no C int holds; a bool) raises ValueError before the call through
+  `Library.call` and the classes: ctypes would wrap it to another number (2**32 - 1 to -1,
+  the host), and the library would answer about that one. A handle of the wrong class (a
+  `Buffer` where a `Stream` goes) raises TypeError: to C every handle is a plain pointer.
+- Errors pickle and copy with their status, name, message and `published`.
 - Device -1 (`HOST`) is the host backend: everything runs without a GPU.
 - Halo packers (`Library.halo_packer`) take `HaloExchange` descriptions and `Buffer`s from
   `device_buffer`, one per exchange; a description is checked here (dims, negative values,
@@ -64,6 +67,12 @@ class CuferryError(Exception):
         super().__init__(f"{function}: {name} ({status}): {message}")
         self.function, self.status, self.name, self.message = function, status, name, message
 
+    def __reduce__(self):
+        # Rebuilt from the four values (Exception's default would pass only the text), with
+        # any other attribute (`published`) restored: errors cross process boundaries
+        # (multiprocessing, ProcessPoolExecutor) and `copy` intact.
+        return (type(self), (self.function, self.status, self.name, self.message), self.__dict__)
+
 
 class WouldBlock(CuferryError):
     """A call that does not wait found nothing to do (CUFERRY_STATUS_WOULD_BLOCK)."""
@@ -92,9 +101,29 @@ _SCALARS = {
     "bool": ctypes.c_bool, "float": ctypes.c_float, "double": ctypes.c_double,
     "char": ctypes.c_char,
 }
-# The unsigned integer types of those: a Python int outside one's range is refused (module rules).
+# The integer types of those: a Python int outside one's range is refused (module rules).
 _UNSIGNED = (ctypes.c_uint8, ctypes.c_uint16, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_uint)
+_SIGNED = (ctypes.c_int8, ctypes.c_int16, ctypes.c_int32, ctypes.c_int64, ctypes.c_ssize_t, ctypes.c_int,
+           ctypes.c_long)
 _SIZE_BITS = 8 * ctypes.sizeof(ctypes.c_size_t)
+
+
+def _handle(obj, cls, what):
+    """`obj`'s live handle when it is a `cls`, else TypeError: every handle is a plain pointer
+    to C, so a Buffer passed as a Stream would be read as one."""
+    if not isinstance(obj, cls):
+        raise TypeError(f"{what} must be a {cls.__name__}, not {type(obj).__name__}")
+    return obj._live()
+
+
+def _int(value, bits, what):
+    """`value` if it is an int (not a bool) that a signed C parameter of `bits` holds, else
+    ValueError: ctypes would wrap it to another number (2**32 - 1 to -1, the host)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{what} is {value!r}, but the C parameter is an integer")
+    if not -(2 ** (bits - 1)) <= value < 2 ** (bits - 1):
+        raise ValueError(f"{what} is {value}, but the C parameter is a signed {bits}-bit integer")
+    return value
 
 
 def _uint(value, bits, what):
@@ -202,22 +231,31 @@ class Library:
             header.statuses["CUFERRY_STATUS_CLOSED"]: Closed,
         }
         self._checked = set()
-        self._unsigned = {}
+        self._integers = {}
         self.functions = sorted(header.functions)
         for name, (ret, params) in header.functions.items():
             fn = getattr(self.raw, name)
             fn.argtypes = [_ctype(p, self.structs, header.opaque) for p in params]
             fn.restype = _ctype(ret, self.structs, header.opaque)
-            self._unsigned[name] = [(i, 8 * ctypes.sizeof(t)) for i, t in enumerate(fn.argtypes) if t in _UNSIGNED]
+            self._integers[name] = [
+                (i, 8 * ctypes.sizeof(t), t in _UNSIGNED)
+                for i, t in enumerate(fn.argtypes)
+                if t in _UNSIGNED or t in _SIGNED
+            ]
             if ret == "enum CuferryStatus":
                 self._checked.add(name)
 
     def call(self, name, *args):
         """Calls C function `name`; a status other than OK raises (see the module rules)."""
-        for i, bits in self._unsigned[name]:
-            if i < len(args) and isinstance(args[i], int):
-                _uint(args[i], bits, f"{name}: argument {i + 1}")
+        self.check_arguments(name, args)
         return self._check(name, getattr(self.raw, name)(*args))
+
+    def check_arguments(self, name, args):
+        """Raises ValueError for an int argument of `name` that its C parameter cannot hold
+        (what `call` checks before reaching C)."""
+        for i, bits, unsigned in self._integers[name]:
+            if i < len(args) and isinstance(args[i], int):
+                (_uint if unsigned else _int)(args[i], bits, f"{name}: argument {i + 1}")
 
     def _check(self, name, result):
         """Raises for a status of `name` other than OK; returns `result` otherwise."""
@@ -276,12 +314,20 @@ class Library:
     def device_buffer(self, stream, nbytes):
         """`nbytes` of memory on `stream`'s device, zeroed in order on `stream`."""
         out = ctypes.c_void_p()
-        self.call("cuferry_device_alloc", stream._live(), nbytes, ctypes.byref(out))
+        self.call("cuferry_device_alloc", _handle(stream, Stream, "stream"), nbytes, ctypes.byref(out))
         return Buffer(self, out, host_readable=stream.device == HOST)
 
     def copy(self, stream, src, dst, nbytes, src_offset=0, dst_offset=0):
         """Queues a copy of `nbytes` on `stream`, ordered after both buffers' earlier uses."""
-        self.call("cuferry_copy", stream._live(), src._live(), src_offset, dst._live(), dst_offset, nbytes)
+        self.call(
+            "cuferry_copy",
+            _handle(stream, Stream, "stream"),
+            _handle(src, Buffer, "src"),
+            src_offset,
+            _handle(dst, Buffer, "dst"),
+            dst_offset,
+            nbytes,
+        )
 
     def ring(self, device, depth, slot_bytes, fill_threads=4):
         """A slot ring of `depth` slots of `slot_bytes` uploading to `device`; `fill_threads`
@@ -542,8 +588,16 @@ class RingSlot(_Owned):
 
     def publish(self, sequence, nbytes):
         """Queues the upload of the first `nbytes` with `sequence`; the slot is then the ring's."""
-        handle, self.handle = self._live(), None
-        self.lib.call("cuferry_ring_publish", handle, sequence, nbytes)
+        handle = self._live()
+        args = (handle, sequence, nbytes)
+        # Checked while the slot is still this guard's: C takes it (publishes or gives it
+        # back) on every path, Python's refusals happen before C.
+        for value, what in ((sequence, "sequence"), (nbytes, "nbytes")):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{what} is {value!r}, not an int")
+        self.lib.check_arguments("cuferry_ring_publish", args)
+        self.handle = None
+        self.lib.call("cuferry_ring_publish", *args)
 
     def abandon(self):
         """Gives the slot back unpublished; idempotent."""
@@ -669,7 +723,7 @@ class Ring(_Handle):
         closed and drained; `Timeout`, or `WouldBlock` for 0). When `stream` cannot be ordered
         after the upload, the error is raised and the item stays first in line."""
         item = ctypes.c_void_p()
-        self._call("cuferry_ring_next", stream._live(), _micros(timeout), ctypes.byref(item))
+        self._call("cuferry_ring_next", _handle(stream, Stream, "stream"), _micros(timeout), ctypes.byref(item))
         return RingItem(self.lib, item)
 
     def items(self, stream, timeout=None):
@@ -773,7 +827,8 @@ class HaloPacker(_Handle):
 
     def _arrays(self, arrays):
         arrays = list(arrays)
-        return (ctypes.c_void_p * len(arrays))(*(a._live().value for a in arrays)), len(arrays)
+        handles = [_handle(a, Buffer, f"array {i}").value for i, a in enumerate(arrays)]
+        return (ctypes.c_void_p * len(arrays))(*handles), len(arrays)
 
     def pack(self, arrays):
         """Queues packing each exchange's region of `arrays[i]` into the pack buffer."""

@@ -262,3 +262,21 @@ fn host_wait_refuses_bad_modes_and_the_host_backend() {
     // SAFETY: NULL on purpose.
     assert_eq!(unsafe { cuferry_device_host_wait(0, ptr::null_mut()) }, CuferryStatus::InvalidArgument);
 }
+
+/// `cuferry_managed_free(NULL)` is a no-op, as every `_free` call's NULL is: it leaves the
+/// last error message as it was (it used to replace it with "not a live allocation").
+#[test]
+fn managed_free_of_null_is_a_no_op() {
+    let message = || {
+        // SAFETY: the message is a NUL-terminated string owned by this thread.
+        unsafe { CStr::from_ptr(cuferry_last_error_message()) }.to_string_lossy().into_owned()
+    };
+    let mut out = ptr::null_mut();
+    // SAFETY: `out` is valid for writing; device -5 is refused.
+    assert_eq!(unsafe { cuferry_pinned_alloc(-5, 4, &mut out) }, CuferryStatus::InvalidArgument);
+    let before = message();
+    assert!(before.contains("-5"), "{before}");
+    // SAFETY: NULL, which the call documents as a no-op.
+    unsafe { cuferry_managed_free(ptr::null_mut(), 0, CUFERRY_HOST, ptr::null_mut()) };
+    assert_eq!(message(), before);
+}

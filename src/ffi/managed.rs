@@ -183,9 +183,9 @@ pub unsafe extern "C" fn cuferry_managed_malloc(
 }
 
 /// Frees memory from [`cuferry_managed_malloc`] in order on `stream`
-/// (`CUDAPluggableAllocator`'s free). Unknown pointers and size or device mismatches are
-/// reported through `cuferry_last_error_message` and ignored. When the free itself fails (a
-/// stale stream), the allocation stays live and may be freed again.
+/// (`CUDAPluggableAllocator`'s free); NULL is a no-op. Unknown pointers and size or device
+/// mismatches are reported through `cuferry_last_error_message` and ignored. When the free
+/// itself fails (a stale stream), the allocation stays live and may be freed again.
 ///
 /// # Safety
 ///
@@ -200,6 +200,10 @@ pub unsafe extern "C" fn cuferry_managed_free(
     stream: *mut c_void,
 ) {
     let _ = guard(|| {
+        if ptr.is_null() {
+            // A no-op, as every `_free` call's NULL is (a 0-byte malloc's NULL freed back).
+            return Ok(());
+        }
         let Some((dev, bytes)) = allocations().remove(&(ptr as usize)) else {
             return Err(Error::invalid(format!(
                 "{ptr:?} is not a live cuferry managed allocation (double free?)"

@@ -78,6 +78,34 @@ try:
     raise AssertionError("an unknown host wait mode was accepted")
 except ValueError:
     pass
+# A handle of the wrong kind is refused in Python (every handle is a plain pointer to C, which
+# would read a buffer as a stream), and a device number a C int cannot hold is not wrapped.
+with lib.stream(device) as stream, lib.pinned(device, 16) as a, lib.pinned(device, 16) as b:
+    for call in (lambda: lib.copy(a, b, stream, 4), lambda: lib.device_buffer(a, 16),
+                 lambda: lib.copy(stream, stream, b, 4)):
+        try:
+            call()
+            raise AssertionError("a handle of the wrong kind was accepted")
+        except TypeError:
+            pass
+for bad in (2**32 - 1, 2**31, -(2**31) - 1):
+    try:
+        lib.stream(bad)
+        raise AssertionError(f"device {bad} was wrapped into range")
+    except ValueError as e:
+        assert "signed" in str(e), e
+# Errors survive pickling and copying (a worker process's error reaches its parent whole).
+import copy  # noqa: E402
+import pickle  # noqa: E402
+try:
+    lib.pinned(-5, 4)
+    raise AssertionError("device -5 was accepted")
+except cuferry.CuferryError as e:
+    e.published = 3
+    for again in (pickle.loads(pickle.dumps(e)), copy.copy(e)):
+        assert type(again) is type(e) and str(again) == str(e), (again, e)
+        assert (again.function, again.status, again.name, again.message, again.published) == \
+            (e.function, e.status, e.name, e.message, 3), again
 src.free()  # idempotent after the with block
 try:
     src.size

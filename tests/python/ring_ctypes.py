@@ -146,6 +146,24 @@ for k in range(len(wanted)):
 assert stalled.produce([]) == 0
 stalled.free()
 
+# A publish refused in Python (a negative length, a float sequence) keeps the slot with its
+# guard: it can still be published, or abandoned, and the ring keeps its depth.
+kept = lib.ring(device, 1, SLOT)
+slot = kept.acquire(0)
+for sequence, nbytes in ((1, -1), (1.5, 4), (1, 2**64)):
+    try:
+        slot.publish(sequence, nbytes)
+        raise AssertionError(f"publish({sequence!r}, {nbytes!r}) was accepted")
+    except ValueError:
+        pass
+slot.abandon()
+slot = kept.acquire(0)  # the only slot came back
+slot.write(b"kept")
+slot.publish(7, 4)
+with kept.next(stream, timeout=20) as item:
+    assert item.sequence == 7 and item.nbytes == 4, (item.sequence, item.nbytes)
+kept.free()
+
 # Freeing a ring while a consumer waits in `next`: free closes it first, so the consumer
 # returns Closed, and free waits for that call before destroying the ring.
 waiting = lib.ring(device, DEPTH, SLOT)
