@@ -468,6 +468,18 @@ mod tests {
     use crate::stream::test_gate::Gate;
     use crate::stream::Stream;
 
+    /// A buffer marked for deferred freeing (256 sevens), copied into the returned one on the
+    /// returned stream behind the returned (closed) gate.
+    fn copy_behind_a_gate() -> (DeviceBuffer<u16>, DeviceBuffer<u16>, Stream, Gate) {
+        let fresh = Stream::new(Device::Host).unwrap();
+        let src = DeviceBuffer::from_slice(&fresh, &[7u16; 256]).unwrap().with_deferred_free();
+        let mut dst = DeviceBuffer::<u16>::zeroed(&fresh, 256).unwrap();
+        let stream = Stream::new(Device::Host).unwrap();
+        let gate = Gate::hold(&stream);
+        copy(&stream, &src, &mut dst).unwrap();
+        (src, dst, stream, gate)
+    }
+
     fn out_of_memory() -> Error {
         Error::Cuda {
             call: "cudaMalloc",
@@ -514,12 +526,7 @@ mod tests {
     #[test]
     fn out_of_memory_waits_for_deferred_frees_then_retries() {
         let _serial = crate::memory::cache::tests::global_cache_lock();
-        let fresh = Stream::new(Device::Host).unwrap();
-        let src = DeviceBuffer::from_slice(&fresh, &[7u16; 256]).unwrap().with_deferred_free();
-        let mut dst = DeviceBuffer::<u16>::zeroed(&fresh, 256).unwrap();
-        let stream = Stream::new(Device::Host).unwrap();
-        let gate = Gate::hold(&stream);
-        copy(&stream, &src, &mut dst).unwrap();
+        let (src, _dst, _stream, gate) = copy_behind_a_gate();
         drop(src); // deferred: its copy waits behind the gate
         let calls = AtomicUsize::new(0);
         let opener = gate.open_after(Duration::from_millis(20));
@@ -548,12 +555,7 @@ mod tests {
     /// error (`cuferry_buffer_free` reported such a failure twice).
     #[test]
     fn free_waits_and_returns_its_errors() {
-        let fresh = Stream::new(Device::Host).unwrap();
-        let src = DeviceBuffer::from_slice(&fresh, &[7u16; 256]).unwrap().with_deferred_free();
-        let mut dst = DeviceBuffer::<u16>::zeroed(&fresh, 256).unwrap();
-        let stream = Stream::new(Device::Host).unwrap();
-        let gate = Gate::hold(&stream);
-        copy(&stream, &src, &mut dst).unwrap();
+        let (src, dst, stream, gate) = copy_behind_a_gate();
         let opener = gate.open_after(Duration::from_millis(20));
         src.free().unwrap();
         assert!(gate.passed(), "free returned before the copy queued on the buffer ran");
