@@ -84,8 +84,9 @@ mod tests {
             ndim: 2,
             conj: 0,
         };
-        (c.shape[0], c.out_strides[0]) = (0, 1); // no outputs
-                                                 // SAFETY: no outputs: the kernel call reads and writes nothing.
+        // No outputs.
+        (c.shape[0], c.out_strides[0]) = (0, 1);
+        // SAFETY: no outputs: the kernel call reads and writes nothing.
         let got = unsafe { contract(sys::CUFERRY_LINOP_F64, &c, null, null, null, stream) };
         assert_eq!(got, Ok(()));
         m.shape[1] = 3;
