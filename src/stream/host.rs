@@ -85,10 +85,13 @@ impl Progress {
     /// round only on an idle queue, where no job holds the execution lock.
     fn run_holding(&self, job: Job, running: MutexGuard<'_, ()>) {
         let id = QueueId::of(self);
-        RUNNING.with(|r| r.borrow_mut().push(id));
+        // Unmarked only on a thread whose thread-locals are being destroyed (see `RUNNING`).
+        let marked = RUNNING.try_with(|r| r.borrow_mut().push(id)).is_ok();
         let outcome = catch_unwind(AssertUnwindSafe(job))
             .unwrap_or_else(|panic| Err(Error::HostFnPanicked { message: take_panic_message(panic) }));
-        RUNNING.with(|r| r.borrow_mut().pop());
+        if marked {
+            let _ = RUNNING.try_with(|r| r.borrow_mut().pop());
+        }
         self.state.update(|st| {
             st.completed += 1;
             if let Err(err) = outcome {
@@ -98,7 +101,7 @@ impl Progress {
         });
         drop(running);
         #[cfg(test)]
-        AFTER_RELEASE.with(|hook| {
+        let _ = AFTER_RELEASE.try_with(|hook| {
             if let Some(hook) = hook.borrow_mut().as_mut() {
                 hook();
             }
@@ -111,18 +114,24 @@ thread_local! {
     /// Test hook: runs on the thread that ran a job, right after it released the execution
     /// lock (another thread may run the next job meanwhile).
     static AFTER_RELEASE: RefCell<Option<Box<dyn FnMut()>>> = const { RefCell::new(None) };
+    /// Test hook: runs in `submit` on the submitting thread, after the job was counted and
+    /// before it is sent.
+    static BEFORE_SEND: RefCell<Option<Box<dyn FnMut()>>> = const { RefCell::new(None) };
 }
 
 thread_local! {
     /// The queues whose jobs the current thread is running, innermost last (several when a
-    /// job runs another queue's job inline).
+    /// job runs another queue's job inline). Read with `try_with`: a buffer or stream kept in a
+    /// user's thread-local may be dropped (and wait, or run a job inline) after this one was
+    /// destroyed at thread exit, where `with` panics and so aborts the process. A thread
+    /// there runs no job, unless the dropping code runs one inline, which then goes unmarked.
     static RUNNING: RefCell<Vec<QueueId>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Whether the current thread is running a host-stream job (on a worker, or inline): a wait
 /// here for work queued behind the job would never end.
 pub(crate) fn in_job() -> bool {
-    RUNNING.with(|r| !r.borrow().is_empty())
+    RUNNING.try_with(|r| !r.borrow().is_empty()).unwrap_or(false)
 }
 
 /// Names one host queue (the address of its shared counters, unique while the queue's worker
@@ -138,7 +147,7 @@ impl QueueId {
     /// Whether the current thread is running a job of this queue: anything queued on it now
     /// runs after that job, so waiting for it here would never end.
     pub(crate) fn runs_on_this_thread(self) -> bool {
-        RUNNING.with(|r| r.borrow().contains(&self))
+        RUNNING.try_with(|r| r.borrow().contains(&self)).unwrap_or(false)
     }
 
     /// [`Error::InvalidArgument`] when the current thread runs a job of this queue (see
@@ -175,15 +184,27 @@ impl HostQueue {
 
     /// Queues `job` after everything submitted before.
     pub(crate) fn submit(&self, job: Job) -> Result<()> {
-        self.progress.lock().submitted += 1;
-        if self.sender.send(job).is_err() {
-            // Counted finished (the caller has the error), through `update`, which wakes
-            // waiters: a synchronize that counted this job has its target reached. Taking the
-            // count back instead would leave that target out of reach for good.
-            self.progress.state.update(|st| st.completed += 1);
-            return Err(Error::unsupported("the host stream's worker thread is gone"));
-        }
-        Ok(())
+        // Counted and sent under one lock, so that jobs are numbered in the order the worker
+        // gets them (a failed job's error goes to the `synchronize` whose count includes its
+        // number). Counted, then sent after the lock was released, a job another thread
+        // submitted in between would run first under this one's number: a `synchronize`
+        // counting only up to this job would take that later job's error, and return before
+        // this one ran. The channel is unbounded, so the send never blocks.
+        let mut st = self.progress.lock();
+        st.submitted += 1;
+        #[cfg(test)]
+        let _ = BEFORE_SEND.try_with(|hook| {
+            if let Some(hook) = hook.borrow_mut().as_mut() {
+                hook();
+            }
+        });
+        let Err(unsent) = self.sender.send(job) else { return Ok(()) };
+        // No one saw the count (the lock was held throughout): take it back.
+        st.submitted -= 1;
+        drop(st);
+        // The job is dropped here, with the lock released: what it owns may use the stream.
+        drop(unsent);
+        Err(Error::unsupported("the host stream's worker thread is gone"))
     }
 
     /// Runs `job` now on the calling thread when every submitted job has finished, else queues
@@ -529,6 +550,90 @@ mod tests {
         assert!(q.is_idle());
         assert!(matches!(q.synchronize(), Err(Error::InvalidArgument { .. })));
         q.synchronize().unwrap();
+    }
+
+    /// A submit is held between counting its job and sending it (the hook) while a
+    /// `synchronize` starts and another thread submits a failing job. The `synchronize`,
+    /// whose count includes the held job, must not return before that job ran: counted and
+    /// sent apart, the later job ran under the held one's number and the `synchronize` took
+    /// its error at once.
+    #[test]
+    fn a_synchronize_returns_after_every_job_it_counted_despite_racing_submits() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let q = Arc::new(HostQueue::new(9006).unwrap());
+        let held_ran = Arc::new(AtomicBool::new(false));
+        let (counted, on_counted) = mpsc::channel::<()>();
+        let (release, gate) = mpsc::channel::<()>();
+        let held = {
+            let (q, ran) = (Arc::clone(&q), Arc::clone(&held_ran));
+            thread::spawn(move || {
+                super::BEFORE_SEND.with(|hook| {
+                    *hook.borrow_mut() = Some(Box::new(move || {
+                        let _ = counted.send(());
+                        let _ = gate.recv();
+                    }))
+                });
+                q.submit(Box::new(move || {
+                    ran.store(true, Ordering::SeqCst);
+                    Ok(())
+                }))
+            })
+        };
+        on_counted.recv().unwrap();
+        let waiter = {
+            let (q, ran) = (Arc::clone(&q), Arc::clone(&held_ran));
+            thread::spawn(move || {
+                let got = q.synchronize();
+                (got, ran.load(Ordering::SeqCst))
+            })
+        };
+        thread::sleep(Duration::from_millis(50));
+        let later = {
+            let q = Arc::clone(&q);
+            thread::spawn(move || q.submit(Box::new(|| Err(Error::invalid("the later job failed")))))
+        };
+        thread::sleep(Duration::from_millis(50));
+        release.send(()).unwrap();
+        held.join().unwrap().unwrap();
+        later.join().unwrap().unwrap();
+        let (got, ran_first) = waiter.join().unwrap();
+        assert!(ran_first, "synchronize returned ({got:?}) before a job it counted had run");
+        // Whichever of the two the waiter counted, the later job's error is reported once.
+        if got.is_ok() {
+            assert!(q.synchronize().is_err());
+        }
+        q.synchronize().unwrap();
+    }
+
+    /// A buffer kept in a user's thread-local is dropped at thread exit, after cuferry's own
+    /// thread-locals may have been destroyed: its drop (which asks whether the thread runs a
+    /// job) and a stream's `synchronize` there must work, not panic (which aborts the
+    /// process from a thread-local destructor).
+    #[test]
+    fn buffers_and_streams_in_a_thread_local_are_dropped_at_thread_exit() {
+        use std::cell::RefCell;
+        struct Kept(Option<(crate::Stream, crate::PinnedBuffer<u8>)>);
+        impl Drop for Kept {
+            fn drop(&mut self) {
+                if let Some((stream, buffer)) = self.0.take() {
+                    stream.synchronize().unwrap();
+                    drop(buffer);
+                }
+            }
+        }
+        thread_local! {
+            static KEPT: RefCell<Kept> = const { RefCell::new(Kept(None)) };
+        }
+        let t = thread::spawn(|| {
+            // Registered first, so destroyed after the thread-locals cuferry touches below.
+            KEPT.with(|_| {});
+            let stream = crate::Stream::new(crate::Device::Host).unwrap();
+            let buffer = crate::PinnedBuffer::<u8>::zeroed(crate::Device::Host, 64).unwrap();
+            stream.host_fn(|| ()).unwrap();
+            stream.synchronize().unwrap();
+            KEPT.with(|k| k.borrow_mut().0 = Some((stream, buffer)));
+        });
+        assert!(t.join().is_ok(), "the thread panicked");
     }
 
     #[test]
