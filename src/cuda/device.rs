@@ -102,6 +102,19 @@ pub(crate) fn make_current(device: u32) -> Result<()> {
     check("cudaSetDevice", unsafe { sys::cuferry_cuda_set_device(dev) })
 }
 
+/// Makes `device` current only when the calling thread has no current context, before a
+/// CUDA call on an object of `device` (an event's query, wait or destroy) that may run on a
+/// thread that never chose a device: a host stream's worker, the reaper, a user's new thread
+/// dropping host memory that CUDA streams used. There the runtime would otherwise create a
+/// context on device 0, about 500 MiB of a GPU the process may never use. A thread with a
+/// current context keeps it: the caller's device choice is not changed.
+pub(crate) fn ensure_context(device: u32) -> Result<()> {
+    if thread_has_context()? {
+        return Ok(());
+    }
+    make_current(device)
+}
+
 /// The calling thread's current device, made current again when dropped (for C entry points
 /// that other libraries call implicitly, such as PyTorch's allocator pair, whose callers
 /// rely on their current device: cuferry's own calls may make another device current).
@@ -214,5 +227,59 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    fn current_device() -> i32 {
+        let mut current = -1;
+        // SAFETY: `current` is a valid out-pointer.
+        check("cudaGetDevice", unsafe { sys::cuferry_cuda_get_device(&mut current) }).unwrap();
+        current
+    }
+
+    /// A CUDA event queried, waited on and timed on a thread that chose no device makes its
+    /// own device current there (so that no context is created on device 0); a thread that
+    /// chose a device keeps it. The event is of the last device, so only a machine with two
+    /// GPUs tells the two apart. Compiled, not run without a GPU.
+    #[test]
+    fn event_calls_on_a_thread_without_a_device_use_the_events_device() {
+        let devices = count().unwrap_or(0);
+        if devices == 0 {
+            assert!(
+                std::env::var("CUFERRY_REQUIRE_GPU").as_deref() != Ok("1"),
+                "CUFERRY_REQUIRE_GPU=1 but no CUDA device is usable"
+            );
+            println!("SKIP: no CUDA device");
+            return;
+        }
+        let last = devices - 1;
+        let device = crate::Device::Cuda(last);
+        let stream = crate::Stream::new(device).unwrap();
+        let (start, end) =
+            (crate::Event::with_timing(device).unwrap(), crate::Event::with_timing(device).unwrap());
+        start.record(&stream).unwrap();
+        end.record(&stream).unwrap();
+        let events = std::sync::Arc::new((start, end));
+        let shared = std::sync::Arc::clone(&events);
+        std::thread::spawn(move || {
+            assert_eq!(thread_has_context(), Ok(false));
+            shared.1.synchronize().unwrap();
+            assert_eq!(thread_has_context(), Ok(true));
+            assert_eq!(current_device(), last as i32, "the wait made another device current");
+            assert!(shared.0.query().unwrap());
+            assert!(shared.0.elapsed_ms(&shared.1).unwrap() >= 0.0);
+            assert_eq!(current_device(), last as i32);
+        })
+        .join()
+        .unwrap();
+        if devices >= 2 {
+            std::thread::spawn(move || {
+                make_current(0).unwrap();
+                assert!(events.1.query().unwrap());
+                drop(events);
+                assert_eq!(current_device(), 0, "an event call changed a chosen device");
+            })
+            .join()
+            .unwrap();
+        }
     }
 }

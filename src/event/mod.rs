@@ -58,19 +58,37 @@ impl std::fmt::Debug for EventBackend {
     }
 }
 
-/// An owned `cudaEvent_t`.
+/// An owned `cudaEvent_t` of device `device`. Its query, wait and destroy may run on threads
+/// that never chose a device (host stream workers, the reaper, a user's thread dropping host
+/// memory that a CUDA stream used): each first makes `device` current where no context is
+/// (`ensure_context`), so that none is created on device 0.
 pub(crate) struct CudaEvent {
     pub(crate) raw: RawEvent,
+    device: u32,
 }
 
 impl CudaEvent {
+    /// `cudaEventSynchronize`.
     pub(crate) fn synchronize(&self) -> Result<()> {
+        self.ensure_context();
         raw::synchronize(self.raw)
+    }
+
+    /// `cudaEventQuery`: true when the last record completed.
+    fn query(&self) -> Result<bool> {
+        self.ensure_context();
+        raw::query(self.raw)
+    }
+
+    fn ensure_context(&self) {
+        // A failure leaves the CUDA call that follows to report its own error.
+        let _ = crate::cuda::device::ensure_context(self.device);
     }
 }
 
 impl Drop for CudaEvent {
     fn drop(&mut self) {
+        self.ensure_context();
         // SAFETY: the handle is owned here and never used after this point; CUDA allows
         // destroying an event whose record is pending.
         if let Err(err) = unsafe { raw::destroy(self.raw) } {
@@ -101,7 +119,9 @@ impl Event {
     fn create(device: Device, timing: bool) -> Result<Self> {
         let backend = match device {
             Device::Host => EventBackend::Host(Arc::default()),
-            Device::Cuda(i) => EventBackend::Cuda(Arc::new(CudaEvent { raw: raw::create(i, timing)? })),
+            Device::Cuda(i) => {
+                EventBackend::Cuda(Arc::new(CudaEvent { raw: raw::create(i, timing)?, device: i }))
+            }
         };
         Ok(Event { device, timing, backend })
     }
@@ -149,7 +169,7 @@ impl Event {
     pub fn query(&self) -> Result<bool> {
         match &self.backend {
             EventBackend::Host(state) => Ok(state.pending_generation().is_none()),
-            EventBackend::Cuda(ev) => raw::query(ev.raw),
+            EventBackend::Cuda(ev) => ev.query(),
         }
     }
 
@@ -199,7 +219,10 @@ impl Event {
                     _ => Err(Error::invalid("elapsed_ms before both records completed")),
                 }
             }
-            (EventBackend::Cuda(a), EventBackend::Cuda(b)) => raw::elapsed_ms(a.raw, b.raw),
+            (EventBackend::Cuda(a), EventBackend::Cuda(b)) => {
+                a.ensure_context();
+                raw::elapsed_ms(a.raw, b.raw)
+            }
             _ => Err(Error::invalid("elapsed_ms between events of different backends")),
         }
     }
