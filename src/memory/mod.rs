@@ -7,12 +7,14 @@
 //!   source of two copies, one input of two tiles) therefore run at once, while uses involving
 //!   a write keep the order they were queued in. Host access and freeing wait for every use.
 //!   Dropping a buffer with copies pending is therefore safe: the drop blocks until they finish.
-//!   (The arrays of [`crate::linop`] are the one exception: their memory is freed after the
-//!   queued work by a background thread, so that dropping an intermediate does not block
-//!   while fewer than 1024 frees (4 GiB) wait; see the reaper's rules in `memory/reaper.rs`.
-//!   Once its work has finished, their memory is kept in a cache for the next array of the
-//!   same device and size class instead of being freed: see [`release_cached_memory`] and
-//!   [`set_cache_limits`].)
+//!   There are two exceptions, both freed after the queued work by a background thread (see
+//!   the reaper's rules in `memory/reaper.rs`): the arrays of [`crate::linop`], so that
+//!   dropping an intermediate does not block while fewer than 1024 frees (4 GiB) wait; and
+//!   any buffer dropped (or `free`d, which then returns before the memory is freed) inside a
+//!   host stream's job with work still pending, where waiting could be for work queued
+//!   behind that job, which never runs. Once their work has finished, linop arrays' memory
+//!   is kept in a cache for the next array of the same device and size class instead of
+//!   being freed: see [`release_cached_memory`] and [`set_cache_limits`].
 //! - Host access to pinned or registered memory goes through `as_slice`/`as_mut_slice`, which
 //!   synchronise first; a queued write needs `&mut`, so the borrow checker rules out a host
 //!   read racing a copy into the same buffer.
