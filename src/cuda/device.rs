@@ -236,8 +236,8 @@ mod tests {
         current
     }
 
-    /// A CUDA event queried, waited on and timed on a thread that chose no device makes its
-    /// own device current there (so that no context is created on device 0); a thread that
+    /// A CUDA event queried, waited on and timed (and a CUDA stream waited on) on a thread
+    /// that chose no device makes its own device current there (so that no context is created on device 0); a thread that
     /// chose a device keeps it. The event is of the last device, so only a machine with two
     /// GPUs tells the two apart. Compiled, not run without a GPU.
     #[test]
@@ -268,6 +268,15 @@ mod tests {
             assert!(shared.0.query().unwrap());
             assert!(shared.0.elapsed_ms(&shared.1).unwrap() >= 0.0);
             assert_eq!(current_device(), last as i32);
+        })
+        .join()
+        .unwrap();
+        let queue = stream.clone();
+        std::thread::spawn(move || {
+            assert_eq!(thread_has_context(), Ok(false));
+            queue.synchronize().unwrap();
+            assert_eq!(current_device(), last as i32, "a stream's wait made another device current");
+            assert!(queue.query().unwrap());
         })
         .join()
         .unwrap();

@@ -7,6 +7,10 @@
 //! - CUDA calls each queued host function exactly once (`cudaStreamAddCallback`). After a
 //!   device error the closure is dropped there without running, so what it owns is freed; the
 //!   error itself is CUDA's and every later `synchronize` reports it.
+//! - Waits, queries and the destroy may run on a thread that chose no device (a host
+//!   stream's worker, the reaper dropping a tracker's record of this stream, a user's new
+//!   thread): each first makes the stream's device current where no context is
+//!   (`ensure_context`), so that the runtime creates none on device 0.
 
 use std::os::raw::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -23,11 +27,17 @@ type ErrorSlot = Arc<Mutex<Option<Error>>>;
 pub(crate) struct CudaStream {
     pub(crate) raw: RawStream,
     errors: ErrorSlot,
+    device: u32,
 }
 
 impl CudaStream {
     pub(crate) fn new(ordinal: u32) -> Result<Self> {
-        Ok(CudaStream { raw: raw::create(ordinal, 0)?, errors: ErrorSlot::default() })
+        Ok(CudaStream { raw: raw::create(ordinal, 0)?, errors: ErrorSlot::default(), device: ordinal })
+    }
+
+    fn ensure_context(&self) {
+        // A failure leaves the CUDA call that follows to report its own error.
+        let _ = crate::cuda::device::ensure_context(self.device);
     }
 
     fn take_error(&self) -> Result<()> {
@@ -38,6 +48,7 @@ impl CudaStream {
     }
 
     pub(crate) fn synchronize(&self) -> Result<()> {
+        self.ensure_context();
         raw::synchronize(self.raw)?;
         self.take_error()
     }
@@ -45,6 +56,7 @@ impl CudaStream {
     /// Waits for the queued work, leaving a host function's error for the next
     /// `synchronize` or `query`.
     pub(crate) fn wait_idle(&self) -> Result<()> {
+        self.ensure_context();
         raw::synchronize(self.raw)
     }
 
@@ -53,6 +65,7 @@ impl CudaStream {
     /// fails just before the stream goes idle has stored its error by then, so "done" never
     /// hides it (read first, the slot could be empty and the stream idle a moment later).
     pub(crate) fn query(&self) -> Result<bool> {
+        self.ensure_context();
         let done = raw::query(self.raw)?;
         self.take_error()?;
         Ok(done)
@@ -77,6 +90,7 @@ impl CudaStream {
 
 impl Drop for CudaStream {
     fn drop(&mut self) {
+        self.ensure_context();
         // SAFETY: the handle is owned by this value and not used after this point.
         if let Err(err) = unsafe { raw::destroy(self.raw) } {
             record_drop_error(err);
