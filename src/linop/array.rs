@@ -49,7 +49,6 @@
 //! # Ok::<(), cuferry::Error>(())
 //! ```
 
-use std::any::Any;
 use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
@@ -64,9 +63,6 @@ use crate::memory::pageable::PageableSlice;
 use crate::memory::DeviceBuffer;
 use crate::stream::{Stream, StreamErrors};
 
-/// Something an array keeps alive with its buffer (a staging buffer of a transfer).
-pub(crate) type KeepAlive = Arc<dyn Any + Send + Sync>;
-
 /// An n-d array on a device: a shared buffer plus offset, shape and strides.
 #[derive(Clone)]
 pub struct Array<T: Field> {
@@ -80,8 +76,6 @@ pub struct Array<T: Field> {
     strides: Vec<usize>,
     /// Where the array lives and which stream computes on it.
     spec: DeviceSpec,
-    /// Kept alive until the array and its views are gone (transfer staging).
-    keep: Option<KeepAlive>,
     /// Streams other than the compute stream whose work produced the data, by handles that
     /// keep no stream alive (sorted by id, no duplicates, none spent when made).
     upstream: Option<Arc<[StreamErrors]>>,
@@ -172,17 +166,12 @@ impl<T: Field> Array<T> {
         shape: Vec<usize>,
         strides: Vec<usize>,
     ) -> Self {
-        Array { buf, offset, shape, strides, spec, keep: None, upstream: None }
+        Array { buf, offset, shape, strides, spec, upstream: None }
     }
 
     /// A row-major array over a whole fresh buffer.
     pub(crate) fn from_owned(spec: &DeviceSpec, buf: DeviceBuffer<T>, shape: &[usize]) -> Self {
         Self::from_parts(spec.clone(), Arc::new(buf), 0, shape.to_vec(), row_major(shape))
-    }
-
-    pub(crate) fn with_keep(mut self, keep: KeepAlive) -> Self {
-        self.keep = Some(keep);
-        self
     }
 
     /// `self`, made by work that read `inputs` (and ran on `extra`, a transfer stream): the

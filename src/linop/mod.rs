@@ -33,8 +33,8 @@
 //!   Operators written outside cuferry mark their outputs with [`Array::computed_from`].
 //! - Adjoints are conjugate transposes: every operator passes the dot test
 //!   `|<Ax, y> - <x, A^H y>| <= 1e-5 |<Ax, y>|` in f64 on random data.
-//! - Arithmetic on CUDA arrays runs as CUDA kernels (csrc/linop.cu; compiled with nvcc, not
-//!   yet run on a GPU); a build without nvcc returns
+//! - Arithmetic on CUDA arrays runs as CUDA kernels (csrc/linop.cu; run on an H100 on
+//!   2026-11-23, later changes compiled with nvcc, not run on a GPU); a build without nvcc returns
 //!   [`Error::Unsupported`](crate::Error::Unsupported) ([`NO_CUDA_KERNELS`]) for it. The
 //!   kernel dispatch lives in one private module (`compute`).
 //!

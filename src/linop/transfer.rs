@@ -8,7 +8,8 @@
 //!   (a placement is a device plus its compute stream, so several host "devices" get
 //!   separate streams), reused while any operator holds it; a pair nobody uses any more is
 //!   forgotten, so its worker goes away. Inbound and outbound copies of a device are two pairs
-//!   and never queue behind each other.
+//!   and never queue behind each other (a spec's own `transfer_stream`, when set, carries
+//!   both directions: its copies run in the order they were queued).
 //! - Both specs' streams must be on their specs' devices (an
 //!   [`Error::InvalidArgument`](crate::Error::InvalidArgument) otherwise), and the stream a
 //!   copy runs on must be able to run it.
@@ -24,7 +25,9 @@
 //!   transfer stream is made for it. CUDA to another CUDA device: a peer copy on the transfer
 //!   stream; peer access is enabled once per pair when [`can_access_peer`] allows it,
 //!   otherwise the driver stages the copy. Host and CUDA: through a pinned staging buffer,
-//!   which lives as long as the result. Host to CUDA: host memory -> pinned -> device, both
+//!   which goes back to the allocation cache once the copies through it finished (the
+//!   transfer does not wait for them, unless the reaper's caps on pending frees are
+//!   reached). Host to CUDA: host memory -> pinned -> device, both
 //!   steps on the CUDA side's stream (a CUDA stream can wait for host work only by blocking
 //!   the caller, which the first step already does). CUDA to host: device -> pinned on the
 //!   CUDA side's stream, then pinned -> host memory on the target's compute stream, whose job
@@ -197,9 +200,9 @@ pub(crate) fn transfer_on<T: Field>(x: &Array<T>, ospec: &DeviceSpec, stream: &S
             None
         }
     };
-    let array = Array::from_owned(ospec, out, src.shape()).produced_from([&src], Some(stream));
-    Ok(match staged {
-        Some(stage) => array.with_keep(Arc::new(stage)),
-        None => array,
-    })
+    // The staging buffer is dropped here with its copies queued: it goes back to the cache
+    // once they finished (its drop hands it to the reaper), rather than living as long as the
+    // result (a weight placed on a GPU would hold pinned host memory of its size for good).
+    drop(staged);
+    Ok(Array::from_owned(ospec, out, src.shape()).produced_from([&src], Some(stream)))
 }
