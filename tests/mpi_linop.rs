@@ -270,10 +270,14 @@ fn checks_failing_on_one_rank_and_mismatched_specs_are_agreed_on() {
         ),
         _ => assert!(matches!(&r, Err(Error::PeerFailed { rank: 1, .. })), "rank 0: {:?}", r.map(drop)),
     }
-    // Different batch sizes (two tiles either way), then different base ranks.
+    // Different batch sizes (two tiles either way), then different base ranks; then
+    // mismatches that also fail one rank's own checks (a batch size of 0, a base rank outside
+    // the communicator), which are reported as the mismatch on both ranks all the same.
     let mismatched = [
         DistributedBatchSpec::new(&[("x", if me == 0 { 4 } else { 3 })], ranks.clone()),
         DistributedBatchSpec::new(&[("x", 4)], ranks.clone()).base_rank(me),
+        DistributedBatchSpec::new(&[("x", if me == 0 { 2 } else { 0 })], ranks.clone()),
+        DistributedBatchSpec::new(&[("x", 4)], ranks.clone()).base_rank(if me == 1 { 7 } else { 0 }),
     ];
     for spec in &mismatched {
         let r = create_distributed_linop(Arc::clone(&op), spec, &world);

@@ -263,10 +263,13 @@ pub fn create_distributed_linop<T: Field>(
     // agreements below whatever its own checks decide (a rank's `local` specs are its own, so
     // their checks may fail on it alone).
     let comm = PrivateComm::duplicate(comm);
+    // The shared arguments before any rank's own checks: a mismatch that also fails one
+    // rank's checks (a batch size of 0, a base rank out of range there) is still reported as
+    // the mismatch, on every rank alike.
+    agree_on_spec(&comm, spec_fingerprint(&op, spec))?;
     let planned = plan(&op, spec, comm.size(), comm.rank());
     agree(&comm, planned.as_ref().err(), "checking the operator and spec failed")?;
     let plan = planned?;
-    agree_on_spec(&comm, spec_fingerprint(&op, spec))?;
     let placed = place_local(plan.mine, &spec.local);
     agree(&comm, placed.as_ref().err(), "placing its tiles failed")?;
     let (host, tiles) = placed?;
