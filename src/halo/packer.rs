@@ -299,7 +299,8 @@ impl HaloPacker {
     ///
     /// # Errors
     ///
-    /// CUDA errors of `cudaEventQuery`.
+    /// CUDA errors of `cudaEventQuery`; [`Error::InvalidArgument`] when a buffer was replaced
+    /// by one of another size or device (as [`HaloPacker::pack_buffer`] reports).
     pub fn ready(&self) -> Result<bool> {
         Ok(self.pack_buf.get()?.is_idle()? && self.unpack_buf.get()?.is_idle()?)
     }

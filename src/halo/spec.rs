@@ -458,7 +458,11 @@ impl HaloExchange {
         self.unpack.iter().zip(&other.unpack).all(|(r, s)| r.start < s.end && s.start < r.end)
     }
 
-    /// Number of elements packed (and unpacked).
+    /// Number of elements unpacked: the size of the unpack region. For exchanges made by
+    /// [`HaloExchange::new`] it is also the number packed; a
+    /// [`vector_component`](HaloExchange::vector_component) turned an odd number of times packs
+    /// its own pack region (which may differ in size) into the slot the other component
+    /// unpacks from.
     pub fn elements(&self) -> usize {
         box_elements(self.unpack.iter().map(|r| r.end - r.start))
     }
