@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/install-mpi.sh
 cargo build --release --quiet --features mpi --example mpi_halo_bench
-exe=target/release/examples/mpi_halo_bench
+exe="${CARGO_TARGET_DIR:-target}/release/examples/mpi_halo_bench"
 echo "cubed sphere, 6 tiles of 48x48+halo 3 x 79 levels, 10 f64 arrays per tile, host backend;"
 echo "median over the steps of the slowest rank; $(nproc) cores on $(hostname)"
 echo

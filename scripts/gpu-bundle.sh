@@ -93,7 +93,8 @@ fi
 # The C and Python consumers: the cdylib, the public header and their sources.
 cargo build --release --lib --quiet
 mkdir -p "$bundle/lib" "$bundle/src/include" "$bundle/src/tests"
-cp target/release/libcuferry.so "$bundle/lib/"
+# Where cargo put it (CARGO_TARGET_DIR honoured, as for the executables above).
+cp "${CARGO_TARGET_DIR:-target}/release/libcuferry.so" "$bundle/lib/"
 strip "$bundle/lib/libcuferry.so"
 cp include/cuferry.h "$bundle/src/include/"
 cp -r tests/c tests/python "$bundle/src/tests/"

@@ -55,8 +55,12 @@ pub fn run(device: Device, quick: bool, rows: &mut Vec<Row>) -> Result<()> {
     let mut dev2 = DeviceBuffer::<u8>::zeroed(&stream, largest)?;
     let mut far = DeviceBuffer::<u8>::zeroed(&peer_stream, largest)?;
     let mut flusher = L2Flush::new(&stream)?;
-    // (case, bytes, seconds for the bandwidth, wall seconds to completion for small copies)
-    let mut results: Vec<(&'static str, usize, f64, Option<f64>)> = Vec::new();
+    // This section's rows start here; their ceilings (the largest pinned copies) are filled
+    // in at the end, so that a failure part-way keeps the rows measured before it.
+    let first = rows.len();
+    let push = |rows: &mut Vec<Row>, case: &'static str, bytes: usize, secs: f64, wall: Option<f64>| {
+        rows.push(row(device, peer, case, bytes, secs, wall));
+    };
     for &bytes in &sizes {
         let n = repeats(bytes);
         let small = bytes <= LATENCY_MAX_BYTES;
@@ -84,23 +88,25 @@ pub fn run(device: Device, quick: bool, rows: &mut Vec<Row>) -> Result<()> {
             };
         let (s, w) =
             timed_async(&stream, &mut || copy_range(&stream, &pinned, 0, &mut dev, 0, bytes).map(drop))?;
-        results.push(("H2D pinned", bytes, s, w));
+        push(rows, "H2D pinned", bytes, s, w);
         let s = median_secs(n, || dev.copy_from_slice_at(&stream, 0, &pageable[..bytes]))?;
-        results.push(("H2D pageable", bytes, s, small.then_some(s)));
+        push(rows, "H2D pageable", bytes, s, small.then_some(s));
         let (s, w) =
             timed_async(&stream, &mut || copy_range(&stream, &dev, 0, &mut pinned, 0, bytes).map(drop))?;
-        results.push(("D2H pinned", bytes, s, w));
+        push(rows, "D2H pinned", bytes, s, w);
         let s = median_secs(n, || dev.copy_to_slice_at(&stream, 0, &mut pageable[..bytes]))?;
-        results.push(("D2H pageable", bytes, s, small.then_some(s)));
+        push(rows, "D2H pageable", bytes, s, small.then_some(s));
         // Device to device: event time from a cold L2 (see the module's rules), and for small
         // copies the wall time of queue + synchronize.
         let mut flush = || flusher.as_mut().map_or(Ok(()), |f| f.queue(&stream));
         for (case, to) in [("D2D", &mut dev2), ("peer", &mut far)] {
             let mut op = || copy_range(&stream, &dev, 0, &mut *to, 0, bytes).map(drop);
             let s = median_device_secs_queued(&stream, n, &mut flush, &mut op)?;
-            results.push((case, bytes, s, small_wall(&stream, &mut op)?));
+            let wall = small_wall(&stream, &mut op)?;
+            push(rows, case, bytes, s, wall);
         }
     }
+    let section = &mut rows[first..];
     let ceiling = |case: &str| -> Option<(String, f64)> {
         let base = if case.starts_with("H2D") {
             "H2D pinned"
@@ -109,34 +115,38 @@ pub fn run(device: Device, quick: bool, rows: &mut Vec<Row>) -> Result<()> {
         } else {
             return None;
         };
-        results
+        section
             .iter()
-            .find(|(c, b, _, _)| *c == base && *b == largest)
-            .map(|(_, b, s, _)| (format!("{base} {} MiB", b >> 20), gbps(*b, *s)))
+            .find(|r| r.case == base && r.bytes == largest)
+            .map(|r| (format!("{base} {} MiB", r.bytes >> 20), r.value))
     };
-    for (case, bytes, secs, wall) in &results {
-        let params = match *case {
-            "peer" if device.is_host() => format!("{device} -> {peer}"),
-            "peer" => format!("{device} -> {peer}, cold L2"),
-            "D2D" if !device.is_host() => "cold L2; device memory moves 2x (read + write)".into(),
-            _ => String::new(),
-        };
-        let mut row = Row {
-            section: "copy",
-            case: (*case).into(),
-            bytes: *bytes,
-            params,
-            value: gbps(*bytes, *secs),
-            unit: "GB/s",
-            ceiling: ceiling(case),
-            baseline: None,
-        };
-        if let Some(wall) = wall {
-            let sep = if row.params.is_empty() { "" } else { ", " };
-            row.params =
-                format!("{}{sep}latency {:.1} us (wall, call to completion)", row.params, wall * 1e6);
-        }
-        rows.push(row);
+    let ceilings: Vec<_> = section.iter().map(|r| ceiling(&r.case)).collect();
+    for (row, ceiling) in section.iter_mut().zip(ceilings) {
+        row.ceiling = ceiling;
     }
     Ok(())
+}
+
+/// One copy row, without its ceiling (filled in once the largest pinned copy is measured).
+fn row(device: Device, peer: Device, case: &'static str, bytes: usize, secs: f64, wall: Option<f64>) -> Row {
+    let mut params = match case {
+        "peer" if device.is_host() => format!("{device} -> {peer}"),
+        "peer" => format!("{device} -> {peer}, cold L2"),
+        "D2D" if !device.is_host() => "cold L2; device memory moves 2x (read + write)".into(),
+        _ => String::new(),
+    };
+    if let Some(wall) = wall {
+        let sep = if params.is_empty() { "" } else { ", " };
+        params = format!("{params}{sep}latency {:.1} us (wall, call to completion)", wall * 1e6);
+    }
+    Row {
+        section: "copy",
+        case: case.into(),
+        bytes,
+        params,
+        value: gbps(bytes, secs),
+        unit: "GB/s",
+        ceiling: None,
+        baseline: None,
+    }
 }

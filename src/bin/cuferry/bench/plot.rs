@@ -7,7 +7,39 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use super::report::Row;
+use super::report::{size, Row};
+
+/// The dashed levels, by label. A ceiling measured per case (the halo's same-bytes copy) is
+/// that case's own. Otherwise a ceiling name with one value (the largest pinned copy, shared by
+/// a sweep) is one level; a name measured anew per row (the ring's memcpy into as many bytes
+/// as each slot size and depth) is one level per distinct value, labelled by its first row.
+fn ceiling_levels(rows: &[&Row]) -> BTreeMap<String, f64> {
+    let mut levels = BTreeMap::new();
+    let mut by_name: BTreeMap<&str, Vec<(f64, &Row)>> = BTreeMap::new();
+    for r in rows {
+        if let Some((name, v)) = &r.ceiling {
+            if r.section == "halo" {
+                levels.insert(format!("{name}, {}", r.case), *v);
+                continue;
+            }
+            let values = by_name.entry(name).or_default();
+            if !values.iter().any(|(seen, _)| seen == v) {
+                values.push((*v, r));
+            }
+        }
+    }
+    for (name, values) in by_name {
+        for &(v, r) in &values {
+            let label = if values.len() == 1 {
+                name.to_string()
+            } else {
+                format!("{name}, {} {} ({})", r.case, size(r.bytes), r.params)
+            };
+            levels.insert(label, v);
+        }
+    }
+    levels
+}
 
 /// Draws the rows into an SVG file.
 pub fn draw(path: &Path, title: &str, rows: &[Row]) -> Result<(), String> {
@@ -20,15 +52,7 @@ pub fn draw(path: &Path, title: &str, rows: &[Row]) -> Result<(), String> {
             .or_default()
             .push((r.bytes as f64, r.value));
     }
-    let mut ceilings: BTreeMap<String, f64> = BTreeMap::new();
-    for r in &rows {
-        if let Some((name, v)) = &r.ceiling {
-            // A ceiling measured per case (the halo's same-bytes copy) is that case's own; one
-            // shared by a sweep (the largest pinned copy) is named the same in every row.
-            let key = if r.section == "halo" { format!("{name}, {}", r.case) } else { name.clone() };
-            ceilings.insert(key, *v);
-        }
-    }
+    let ceilings = ceiling_levels(&rows);
     let (min_x, max_x) =
         rows.iter().fold((f64::MAX, 1.0f64), |(lo, hi), r| (lo.min(r.bytes as f64), hi.max(r.bytes as f64)));
     let max_y = rows.iter().map(|r| r.value).chain(ceilings.values().copied()).fold(1.0f64, f64::max) * 1.1;
@@ -84,4 +108,44 @@ pub fn draw(path: &Path, title: &str, rows: &[Row]) -> Result<(), String> {
         .draw()
         .map_err(|e| e.to_string())?;
     root.present().map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(section: &'static str, case: &str, bytes: usize, ceiling: (&str, f64)) -> Row {
+        Row {
+            section,
+            case: case.into(),
+            bytes,
+            params: "depth 4".into(),
+            value: 20.0,
+            unit: "GB/s",
+            ceiling: Some((ceiling.0.into(), ceiling.1)),
+            baseline: None,
+        }
+    }
+
+    /// A ceiling name measured anew per row keeps every value; one shared by a sweep is drawn
+    /// once; the halo's are per case.
+    #[test]
+    fn every_distinct_ceiling_is_drawn() {
+        let rows = [
+            row("ring", "pageable source", 1 << 20, ("memcpy into the ring", 30.0)),
+            row("ring", "pageable source", 4 << 20, ("memcpy into the ring", 40.0)),
+            row("ring", "pinned source", 1 << 20, ("pinned copy", 50.0)),
+            row("ring", "pinned source", 4 << 20, ("pinned copy", 50.0)),
+            row("halo", "10 arrays", 1 << 20, ("D2D same bytes", 60.0)),
+            row("halo", "4 arrays", 1 << 20, ("D2D same bytes", 60.0)),
+        ];
+        let refs: Vec<&Row> = rows.iter().collect();
+        let levels = ceiling_levels(&refs);
+        let mut values: Vec<f64> = levels.values().copied().collect();
+        values.sort_by(f64::total_cmp);
+        assert_eq!(values, [30.0, 40.0, 50.0, 60.0, 60.0], "{levels:?}");
+        assert_eq!(levels.get("pinned copy"), Some(&50.0));
+        assert_eq!(levels.get("memcpy into the ring, pageable source 4 MiB (depth 4)"), Some(&40.0));
+        assert_eq!(levels.get("D2D same bytes, 4 arrays"), Some(&60.0));
+    }
 }

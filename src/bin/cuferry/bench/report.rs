@@ -29,7 +29,7 @@ pub struct Row {
 
 /// `bytes` in the largest binary unit it reaches: whole when exact, else with one decimal
 /// (3640320 bytes is "3.5 MiB", not "3 MiB").
-fn size(bytes: usize) -> String {
+pub fn size(bytes: usize) -> String {
     let unit = |shift: u32, name: &str| {
         if bytes % (1 << shift) == 0 {
             format!("{} {name}", bytes >> shift)
