@@ -349,6 +349,8 @@ class Library:
         _uint(nbytes, _SIZE_BITS - 1, "managed_alloc: nbytes")  # an ssize_t
         if nbytes == 0:
             raise ValueError("managed_alloc: 0 bytes; allocate at least one")
+        # Called raw (it returns a pointer, not a status), so checked here as `call` would.
+        self.check_arguments("cuferry_managed_malloc", (nbytes, device))
         ptr = self.raw.cuferry_managed_malloc(nbytes, device, _raw_stream(stream, device))
         if not ptr:
             message = (self.raw.cuferry_last_error_message() or b"").decode(errors="replace")

@@ -188,6 +188,9 @@ with lib.stream(device) as stream:
     raises(ValueError, lambda: lib.managed_alloc(device, 0), "at least one")
     raises(ValueError, lambda: lib.managed_alloc(device, 2**64 + 16), "below 2**63")
     raises(ValueError, lambda: lib.managed_alloc(device, -1), "unsigned")
+    # A device number no C int holds (2**32 - 1 wrapped to -1, the host pool) or a bool.
+    raises(ValueError, lambda: lib.managed_alloc(2**32 - 1, 16), "signed 32-bit")
+    raises(ValueError, lambda: lib.managed_alloc(True, 16), "integer")
     raises(cuferry.CuferryError, lambda: lib.prefetch(0x1000, 64, "host", stream), "not inside managed memory")
     if HOST:
         # The allocator pair reports a failure as NULL and the last error message.
