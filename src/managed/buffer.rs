@@ -301,6 +301,11 @@ impl<T: Element> ManagedBuffer<T> {
 impl<T: Element> Drop for ManagedBuffer<T> {
     fn drop(&mut self) {
         let bytes = self.bytes();
+        if let Device::Cuda(i) = self.pool.device {
+            // Dropped on a thread with no current device (a host stream's worker, a user's new
+            // thread), the stream waits and the free below would create a context on device 0.
+            let _ = crate::cuda::device::ensure_context(i);
+        }
         let freed = match self.pool.kind {
             PoolKind::ManagedPool => match self
                 .tracker

@@ -26,7 +26,9 @@ use crate::cuda::memory as raw_memory;
 use crate::cuda::stream::RawStream;
 use crate::device::Device;
 use crate::error::{record_drop_error, Error, Result};
-use crate::memory::allocation::{retry_after_deferred_frees, DrawsOn, HOST_ALIGN};
+use crate::memory::allocation::{
+    retry_after_deferred_frees, retry_after_deferred_frees_unless, DrawsOn, HOST_ALIGN,
+};
 
 /// `cudaErrorNotSupported`.
 pub(crate) const NOT_SUPPORTED: i32 = 801;
@@ -36,12 +38,16 @@ const INVALID_VALUE: i32 = 1;
 /// How a [`ManagedPool`] is built.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ManagedPoolOptions {
-    /// Make the device the pool's preferred location (false: no preferred location).
+    /// Make the device the pool's preferred location (false: no preferred location). A
+    /// property of CUDA managed pools: `cudaMallocManaged` memory (`use_malloc_managed`, or the
+    /// fallback where managed pools are unsupported) has no preferred location unless advised
+    /// ([`ManagedBuffer::advise`](super::ManagedBuffer::advise)).
     pub prefer_device: bool,
     /// Most bytes the pool may reserve; 0 leaves the driver's default (no limit). A CUDA
     /// managed pool's driver keeps it; with `use_malloc_managed` and on the host backend
     /// cuferry keeps it, counting the bytes of live allocations. An allocation past it fails
-    /// as one out of memory does.
+    /// as one out of memory does, but at once: freeing cuferry's cached memory first, as a
+    /// failure for lack of device memory does, could not help.
     pub max_size: usize,
     /// Bytes the pool keeps reserved across synchronizations (`u64::MAX`: keep everything,
     /// the fastest for reuse).
@@ -172,6 +178,15 @@ impl PoolInner {
         (self.kind != PoolKind::ManagedPool && max_size != 0).then_some(max_size)
     }
 
+    /// For a CUDA managed pool with a `max_size` (which the driver keeps): whether `bytes` more
+    /// would pass it given the bytes in use now, so that an allocation failing for lack of
+    /// memory failed at the pool's own limit. False when the statistics cannot be read.
+    fn at_cuda_limit(&self, pool: RawPool, bytes: usize) -> bool {
+        let max_size = self.key.2 as u64;
+        max_size != 0
+            && raw::pool_stats(pool).is_ok_and(|s| s.used_current.saturating_add(bytes as u64) > max_size)
+    }
+
     /// With a limit of cuferry's own: counts `bytes` as used and returns the count after, or
     /// fails as out of memory when they do not fit. Without one: `None`, nothing counted.
     fn count_within_limit(&self, bytes: usize) -> Result<Option<u64>> {
@@ -195,11 +210,30 @@ impl PoolInner {
     /// Allocates `bytes > 0` bytes from the pool's allocator, uncounted.
     fn allocate(&self, bytes: usize, stream: Option<RawStream>, zero_host: bool) -> Result<*mut u8> {
         let ptr = match (self.kind, self.raw, self.device) {
-            (PoolKind::ManagedPool, Some(pool), _) => {
+            (PoolKind::ManagedPool, Some(pool), device) => {
                 let s =
                     stream.ok_or_else(|| Error::invalid("a managed pool allocation needs a CUDA stream"))?;
-                retry_after_deferred_frees(DrawsOn::Any, || raw::pool_alloc_async(pool, bytes, s))?
-                    .cast::<u8>()
+                let mut retry = false;
+                // At the pool's own limit (the driver keeps it), freeing cuferry's caches on
+                // every device cannot help: fail at once, as the pool's user expects.
+                let hopeless = || self.at_cuda_limit(pool, bytes);
+                retry_after_deferred_frees_unless(DrawsOn::Any, hopeless, || {
+                    if let Device::Cuda(i) = device {
+                        if retry {
+                            // The frees before a retry make other devices current, and a NULL
+                            // stream (the C ABI's legacy default stream) is the current
+                            // device's: the pool's device again, so the allocation stays on
+                            // the stream its user named.
+                            crate::cuda::device::make_current(i)?;
+                        } else {
+                            // A thread with no current device (a host stream's worker).
+                            let _ = crate::cuda::device::ensure_context(i);
+                        }
+                    }
+                    retry = true;
+                    raw::pool_alloc_async(pool, bytes, s)
+                })?
+                .cast::<u8>()
             }
             (PoolKind::MallocManaged, _, Device::Cuda(i)) => {
                 retry_after_deferred_frees(DrawsOn::Any, || raw::malloc_managed(i, bytes))?.cast::<u8>()

@@ -127,7 +127,18 @@ pub(crate) fn retry_after_deferred_frees<R>(
     draws_on: DrawsOn,
     alloc: impl FnMut() -> Result<R>,
 ) -> Result<R> {
-    retry_after_frees_in(cache::global(), draws_on, alloc)
+    retry_after_frees_in(cache::global(), draws_on, || false, alloc)
+}
+
+/// [`retry_after_deferred_frees`], except that no memory is freed (and `alloc` does not run
+/// again) when `hopeless()` says, once `alloc` failed for lack of memory, that nothing freed
+/// could help (an allocator at a limit of its own).
+pub(crate) fn retry_after_deferred_frees_unless<R>(
+    draws_on: DrawsOn,
+    hopeless: impl FnOnce() -> bool,
+    alloc: impl FnMut() -> Result<R>,
+) -> Result<R> {
+    retry_after_frees_in(cache::global(), draws_on, hopeless, alloc)
 }
 
 /// [`retry_after_deferred_frees`] with `cache` for the process's cache.
@@ -142,10 +153,12 @@ pub(crate) fn retry_after_deferred_frees<R>(
 fn retry_after_frees_in<R>(
     cache: &Cache,
     draws_on: DrawsOn,
+    hopeless: impl FnOnce() -> bool,
     mut alloc: impl FnMut() -> Result<R>,
 ) -> Result<R> {
     let covers = |p| draws_on.covers(p);
     match alloc() {
+        Err(err) if is_out_of_memory(&err) && hopeless() => Err(err),
         Err(err) if is_out_of_memory(&err) => {
             cache.release_where(covers);
             if !crate::stream::host::in_job() {
@@ -591,10 +604,15 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(30));
                 drop(leaving); // hands it to the reaper
             });
-            retry_after_frees_in(&cache, DrawsOn::Host, || match calls.fetch_add(1, Ordering::SeqCst) {
-                0 => Err(out_of_memory()),
-                _ => Ok(cache.leaving_where(|_| true)),
-            })
+            retry_after_frees_in(
+                &cache,
+                DrawsOn::Host,
+                || false,
+                || match calls.fetch_add(1, Ordering::SeqCst) {
+                    0 => Err(out_of_memory()),
+                    _ => Ok(cache.leaving_where(|_| true)),
+                },
+            )
         });
         assert_eq!(got, Ok(0), "the retry ran while evicted memory was on its way to be freed");
         // A device's failure does not wait for host memory leaving.
@@ -604,9 +622,28 @@ mod tests {
         let mut leaving = Leaving::new(&cache, Then::Free);
         cache.set_caps(Caps { count: 0, bytes: 0 }, &mut leaving);
         let failing = || -> crate::Result<()> { Err(out_of_memory()) };
-        assert!(retry_after_frees_in(&cache, DrawsOn::Device(0), failing).is_err());
+        assert!(retry_after_frees_in(&cache, DrawsOn::Device(0), || false, failing).is_err());
         assert_eq!(cache.leaving_where(|_| true), 1);
         drop(leaving);
+    }
+
+    /// A failure the allocator calls hopeless (a pool at its own limit) frees nothing and does
+    /// not try again: the cache keeps its memory, and `alloc` runs once. Otherwise the same
+    /// failure releases the cache and tries again.
+    #[test]
+    fn a_hopeless_out_of_memory_frees_nothing() {
+        let cache = Cache::new(Caps { count: 8, bytes: 1 << 20 });
+        let (alloc, _) = TrackedAllocation::cached_in(&cache, Place::Host, 4096).unwrap();
+        assert!(cache.give(alloc).is_ok());
+        let calls = AtomicUsize::new(0);
+        let failing = || -> crate::Result<()> {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Err(out_of_memory())
+        };
+        assert!(retry_after_frees_in(&cache, DrawsOn::Host, || true, failing).is_err());
+        assert_eq!((calls.load(Ordering::SeqCst), cache.held_bytes()), (1, 4096));
+        assert!(retry_after_frees_in(&cache, DrawsOn::Host, || false, failing).is_err());
+        assert_eq!((calls.load(Ordering::SeqCst), cache.held_bytes()), (3, 0));
     }
 
     /// An allocation failing for lack of memory inside a host stream's job does not wait for
