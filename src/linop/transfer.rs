@@ -156,8 +156,9 @@ pub(crate) fn relabel<T: Field>(x: &Array<T>, ospec: &DeviceSpec) -> Result<Arra
     x.with_spec(ospec)
 }
 
-/// `x` copied to `ospec` on `stream` (which must be able to run the copy). Returns at once;
-/// the copy is ordered by the buffers' trackers.
+/// `x` copied to `ospec` on `stream` (which must be able to run the copy). Returns at once,
+/// unless the reaper's caps on pending frees are reached (then the staging buffer's drop waits
+/// for its copies); the copy is ordered by the buffers' trackers.
 pub(crate) fn transfer_on<T: Field>(x: &Array<T>, ospec: &DeviceSpec, stream: &Stream) -> Result<Array<T>> {
     if x.device() == ospec.device {
         return relabel(x, ospec);
