@@ -460,8 +460,9 @@ unsafe fn fan_out_prefetch(batch: &Batch, stream: &Stream) -> Result<()> {
         stream.wait_event(&done)
     });
     if ordered.is_err() || result.is_err() {
-        // Part of the set may be queued but the caller's use will not be recorded (the
-        // tracker's rule for failed operations): wait for it here so nothing is freed under it.
+        // Part of the set may be queued on a helper stream that `stream` could not be made to
+        // wait for (the tracker records the failed use on `stream` only): wait for it here so
+        // nothing is freed under it.
         for h in helpers.iter() {
             let _ = h.wait_idle();
         }
