@@ -507,10 +507,13 @@ class Stream(_Handle):
     def free(self):
         """Destroys the stream (work already queued still runs); idempotent. While managed
         allocations made on it are live, it first waits for its work, so that they can be
-        freed later on the legacy default stream in order."""
-        if self.handle is not None and self.device != HOST and any(a.ptr for a in self._allocations):
-            self.synchronize()
-        super().free()
+        freed later on the legacy default stream in order. If that wait fails, the stream is
+        destroyed all the same and the wait's error is raised."""
+        try:
+            if self.handle is not None and self.device != HOST and any(a.ptr for a in self._allocations):
+                self.synchronize()
+        finally:
+            super().free()
 
     def synchronize(self):
         """Waits for everything queued on the stream."""

@@ -94,6 +94,18 @@ for bad in (2**32 - 1, 2**31, -(2**31) - 1):
         raise AssertionError(f"device {bad} was wrapped into range")
     except ValueError as e:
         assert "signed" in str(e), e
+# A stream whose last wait fails (a CUDA stream with live managed allocations waits before it
+# is destroyed) is destroyed all the same, and the wait's error is raised.
+failing = lib.stream(device)
+failing.device, failing._allocations = 0, {type("LiveAllocation", (), {"ptr": 1})()}
+def wait_that_fails():  # noqa: E302
+    raise RuntimeError("the stream's work failed")
+failing.synchronize = wait_that_fails
+try:
+    failing.free()
+    raise AssertionError("the failed wait was not raised")
+except RuntimeError:
+    assert failing.handle is None, "a stream whose last wait failed was leaked"
 # Errors survive pickling and copying (a worker process's error reaches its parent whole).
 import copy  # noqa: E402
 import pickle  # noqa: E402
