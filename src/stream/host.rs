@@ -15,7 +15,9 @@
 //!   spares two thread hand-offs (worker wake-up, waiter wake-up), which cost more than a short
 //!   job itself. A job is counted finished before its runner lets go of the execution lock, so
 //!   jobs are counted in the order they ran even when an inline runner and the worker take
-//!   turns (the counter numbers the failed job its error belongs to).
+//!   turns (the counter numbers the failed job its error belongs to). A thread whose
+//!   thread-locals are being destroyed (a user's thread-local dropping cuferry objects at
+//!   thread exit) never runs a job inline: it could not mark itself as running it.
 //! - A thread knows when it is running a job ([`in_job`]), and of which queues
 //!   ([`QueueId::runs_on_this_thread`]), so code that would wait for queued work (a deferred
 //!   free past its caps) can avoid waiting for work behind itself. A job that waits for its
@@ -85,7 +87,8 @@ impl Progress {
     /// round only on an idle queue, where no job holds the execution lock.
     fn run_holding(&self, job: Job, running: MutexGuard<'_, ()>) {
         let id = QueueId::of(self);
-        // Unmarked only on a thread whose thread-locals are being destroyed (see `RUNNING`).
+        // Unmarked only on a thread whose thread-locals are being destroyed, which runs no job
+        // inline (see `submit_or_run`): a worker's are destroyed after its last job.
         let marked = RUNNING.try_with(|r| r.borrow_mut().push(id)).is_ok();
         let outcome = catch_unwind(AssertUnwindSafe(job))
             .unwrap_or_else(|panic| Err(Error::HostFnPanicked { message: take_panic_message(panic) }));
@@ -124,7 +127,7 @@ thread_local! {
     /// job runs another queue's job inline). Read with `try_with`: a buffer or stream kept in a
     /// user's thread-local may be dropped (and wait, or run a job inline) after this one was
     /// destroyed at thread exit, where `with` panics and so aborts the process. A thread
-    /// there runs no job, unless the dropping code runs one inline, which then goes unmarked.
+    /// there runs no job: [`HostQueue::submit_or_run`] queues it for the worker instead.
     static RUNNING: RefCell<Vec<QueueId>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -210,7 +213,13 @@ impl HostQueue {
     /// Runs `job` now on the calling thread when every submitted job has finished, else queues
     /// it (see the module rules). For short jobs that touch only memory: the caller runs them,
     /// possibly while holding locks.
+    /// On a thread whose thread-locals are being destroyed the job is always queued: run
+    /// inline there it could not be marked as running, and a wait in it for its own stream
+    /// would never end instead of failing.
     pub(crate) fn submit_or_run(&self, job: Job) -> Result<()> {
+        if RUNNING.try_with(|_| ()).is_err() {
+            return self.submit(job);
+        }
         let mut st = self.progress.lock();
         if st.completed != st.submitted {
             drop(st);
@@ -634,6 +643,43 @@ mod tests {
             KEPT.with(|k| k.borrow_mut().0 = Some((stream, buffer)));
         });
         assert!(t.join().is_ok(), "the thread panicked");
+    }
+
+    /// A job submitted from a user's thread-local destructor, after cuferry's own were
+    /// destroyed, runs on the worker, where it is marked as running: its wait for its own
+    /// queue fails at once. Run inline there, unmarked, that wait would never end.
+    #[test]
+    fn a_job_submitted_at_thread_exit_waiting_for_its_own_queue_fails_instead_of_hanging() {
+        use std::cell::RefCell;
+        struct SubmitOnDrop(Option<(Arc<HostQueue>, mpsc::Sender<crate::Result<()>>)>);
+        impl Drop for SubmitOnDrop {
+            fn drop(&mut self) {
+                if let Some((q, tx)) = self.0.take() {
+                    let own = Arc::clone(&q);
+                    q.submit_or_run(Box::new(move || {
+                        let _ = tx.send(own.synchronize());
+                        Ok(())
+                    }))
+                    .unwrap();
+                }
+            }
+        }
+        thread_local! {
+            static KEPT: RefCell<SubmitOnDrop> = const { RefCell::new(SubmitOnDrop(None)) };
+        }
+        let (tx, rx) = mpsc::channel();
+        let q = Arc::new(HostQueue::new(9004).unwrap());
+        thread::spawn(move || {
+            // Registered first, so destroyed after `RUNNING`, which the job below touches.
+            KEPT.with(|_| {});
+            q.submit_or_run(Box::new(|| Ok(()))).unwrap();
+            q.synchronize().unwrap();
+            KEPT.with(|k| k.borrow_mut().0 = Some((q, tx)));
+        });
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(Err(Error::InvalidArgument { what })) => assert!(what.contains("wait forever"), "{what}"),
+            other => panic!("the job's wait for its own queue gave {other:?} (a timeout: it hung)"),
+        }
     }
 
     #[test]
