@@ -5,7 +5,8 @@
 //! every slot at once does not deadlock it, nor do two producers sharing a ring and an
 //! executor; bad items, a close, a failed submission and a panicking iterator each end it with
 //! a published prefix and no slot lost; `produce_timeout` gives up on a stalled consumer (a
-//! full ring, a busy host slot) with the count of its own published prefix. Each runs on the
+//! full ring, a busy host slot) with the count of its own published prefix, counting only
+//! the time it waited on the consumers. Each runs on the
 //! host backend and, when a GPU is present, on CUDA.
 
 mod common;
@@ -525,6 +526,55 @@ fn produce_timeout_bounds_the_wait_for_an_upload(device: Device) {
     check(&slot, &stream, &data);
 }
 
+/// The timeout bounds the wait on the consumers alone: the time this call spends publishing
+/// its own pending fill (here a slow submission) does not count against the wait for the next
+/// slot's host upload that follows it. The consumer's work ends 5 ms after the fill was
+/// published, well inside the timeout counted from there, so the call succeeds; counted from
+/// the moment the slot was reserved, the timeout had passed before the wait began.
+fn produce_timeout_counts_only_the_wait_on_the_consumers(device: Device) {
+    let data = items(4, SLOT);
+    let (submitted, slow_done) = std::sync::mpsc::channel();
+    let mut inner = StreamTransferBackend::new(device, false).unwrap();
+    inner.allocate_host_slots(2, SLOT).unwrap();
+    inner.allocate_device_slots(2, SLOT).unwrap();
+    let backend = FlakyBackend::new(inner, usize::MAX).slow_submissions(3, Duration::from_millis(80), submitted);
+    let ring = SlotRing::with_backend(Box::new(backend)).unwrap();
+    let consumer = Stream::new(device).unwrap();
+    // Two items through, the second's upload and release queued behind the consumer's work
+    // (a gate): one host slot is idle, the other's next upload waits for that work.
+    let publish = |seq: u64| {
+        let mut slot = ring.acquire().unwrap();
+        slot.bytes_mut()[0] = seq as u8;
+        slot.publish(SlotMeta::new(seq, SlotLayout::bytes(1))).unwrap();
+    };
+    publish(100);
+    let taken = ring.next_timeout(&consumer, PATIENCE).unwrap();
+    let gate = common::Gate::hold(&consumer);
+    drop(taken);
+    let (first, second) = (ring.acquire().unwrap(), ring.acquire().unwrap());
+    drop(first);
+    second.publish(SlotMeta::new(101, SlotLayout::bytes(1))).unwrap();
+    drop(ring.next_timeout(&consumer, PATIENCE).unwrap());
+    assert!(!gate.passed(), "the consumer's work ended early");
+    let gate = &gate;
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            // The consumer's work ends 5 ms after this call's first item was submitted.
+            slow_done.recv_timeout(PATIENCE).unwrap();
+            std::thread::sleep(Duration::from_millis(5));
+            gate.open();
+        });
+        let pool = PackExecutor::new(1).unwrap();
+        let done = ring.produce_timeout(&pool, 2, data[..2].iter().map(fill), Duration::from_millis(40));
+        assert_eq!(done.into_result().unwrap(), 2, "timed out counting its own publish as a wait");
+    });
+    for want in 0..2 {
+        let slot = ring.next_timeout(&consumer, PATIENCE).unwrap();
+        assert_eq!(slot.meta().sequence, want);
+        check(&slot, &consumer, &data);
+    }
+}
+
 on_both_backends! {
     lagging_iterator_gets_its_items_published => lagging_iterator_gets_its_items_published;
     uploads_waiting_for_a_busy_consumer => uploads_waiting_for_a_busy_consumer;
@@ -537,6 +587,7 @@ on_both_backends! {
     panicking_iterator => panicking_iterator;
     produce_timeout_reports_its_own_prefix => produce_timeout_reports_its_own_prefix;
     produce_timeout_bounds_the_wait_for_an_upload => produce_timeout_bounds_the_wait_for_an_upload;
+    produce_timeout_counts_only_the_wait_on_the_consumers => produce_timeout_counts_only_the_wait_on_the_consumers;
 }
 
 proptest! {

@@ -30,7 +30,8 @@
 //!   failed acquire ends the call after the fills already started are published; a failed
 //!   publish returns the later slots unpublished. A torn slot is never published.
 //! - [`SlotRing::produce_timeout`] bounds each wait on the consumers (for a free slot, or a
-//!   free host slot's last upload, with no fill of its own pending) and reports the length
+//!   free host slot's last upload, with no fill of its own pending: counted from when the
+//!   last one was published, not while it copied and published them) and reports the length
 //!   of that prefix on every path ([`Produced`]); copies are never cut short.
 
 use std::collections::VecDeque;
@@ -216,11 +217,16 @@ enum SlotWait {
 impl SlotWait {
     /// The deadline of a wait starting now (`None`: do not wait), or `Forever`'s marker.
     fn deadline(self) -> Option<Option<Instant>> {
+        self.deadline_from(Instant::now())
+    }
+
+    /// The deadline of a wait that started at `start`, as [`SlotWait::deadline`].
+    fn deadline_from(self, start: Instant) -> Option<Option<Instant>> {
         match self {
             SlotWait::Forever => None,
             SlotWait::Never => Some(None),
             // A timeout too long to represent waits forever (as `acquire_timeout`).
-            SlotWait::Within(t) => Instant::now().checked_add(t).map(Some),
+            SlotWait::Within(t) => start.checked_add(t).map(Some),
         }
     }
 }
@@ -270,12 +276,16 @@ impl<'e> Line<'_, 'e> {
     /// meanwhile (blocking on the upload while a finished fill waits leaves the link idle
     /// after it). With no workers it copies queued chunks too. After [`POLL_BEFORE_BLOCK`]
     /// with nothing to do it blocks on the oldest fill, or on the upload when no fill is
-    /// pending (as long as [`Line::wait`] allows, counted from the call).
+    /// pending (as long as [`Line::wait`] allows, counted from the moment none was: the time
+    /// spent copying and publishing this call's own fills is not a wait on the consumers).
     fn await_upload(&mut self, slot: UnwaitedSlot) -> Result<ProducerSlot> {
-        let started = Instant::now();
-        let deadline = self.wait.deadline();
-        let mut idle_since = started;
+        let mut idle_since = Instant::now();
+        // When the last of this call's fills was published (or the call, with none pending).
+        let mut alone_since = None;
         loop {
+            if self.pending.is_empty() {
+                alone_since.get_or_insert_with(Instant::now);
+            }
             if slot.upload_done()? {
                 return slot.wait();
             }
@@ -289,7 +299,8 @@ impl<'e> Line<'_, 'e> {
                     std::hint::spin_loop();
                 }
             } else if self.pending.is_empty() {
-                return match deadline {
+                let started = alone_since.unwrap_or_else(Instant::now);
+                return match self.wait.deadline_from(started) {
                     None => slot.wait(),
                     Some(deadline) => slot.wait_until(deadline, started),
                 };

@@ -12,8 +12,8 @@ use cuferry::ring::{StreamTransferBackend, TransferBackend, TransferCapabilities
 use cuferry::{Device, DeviceBuffer, Error, Stream};
 
 /// A backend whose every `fail_every`-th submission fails, wrapping the real one; optionally
-/// it fails or panics in `wait_stream_for_ready`, panics once in `release`, or overstates its
-/// slot size or count.
+/// it fails or panics in `wait_stream_for_ready`, panics once in `release`, overstates its
+/// slot size or count, or takes its time over submissions.
 pub struct FlakyBackend {
     inner: StreamTransferBackend,
     calls: AtomicUsize,
@@ -24,6 +24,15 @@ pub struct FlakyBackend {
     panic_in_release: AtomicBool,
     claimed_slot_bytes: Option<usize>,
     claimed_slot_count: Option<usize>,
+    slow_submissions: Option<SlowSubmissions>,
+}
+
+/// Submissions from the `from`-th on (counting from 1) take `delay` more, then say so on
+/// `done`.
+struct SlowSubmissions {
+    from: usize,
+    delay: Duration,
+    done: Mutex<Sender<()>>,
 }
 
 impl FlakyBackend {
@@ -40,6 +49,7 @@ impl FlakyBackend {
             panic_in_release: AtomicBool::new(false),
             claimed_slot_bytes: None,
             claimed_slot_count: None,
+            slow_submissions: None,
         }
     }
 
@@ -86,6 +96,16 @@ impl FlakyBackend {
     }
 }
 
+impl FlakyBackend {
+    /// The `from`-th submission (counting from 1) and every later one sleep `delay` before
+    /// submitting (a custom backend that logs or throttles), and send on `done` once
+    /// submitted.
+    pub fn slow_submissions(mut self, from: usize, delay: Duration, done: Sender<()>) -> Self {
+        self.slow_submissions = Some(SlowSubmissions { from, delay, done: Mutex::new(done) });
+        self
+    }
+}
+
 impl TransferBackend for FlakyBackend {
     fn capabilities(&self) -> TransferCapabilities {
         self.inner.capabilities()
@@ -122,14 +142,23 @@ impl TransferBackend for FlakyBackend {
         self.inner.host_slot_idle(host)
     }
     unsafe fn submit_upload(&self, host: usize, device: usize, bytes: usize) -> cuferry::Result<Duration> {
-        if self.calls.fetch_add(1, Ordering::SeqCst) % self.fail_every == self.fail_every - 1 {
+        let call = self.calls.fetch_add(1, Ordering::SeqCst);
+        if call % self.fail_every == self.fail_every - 1 {
             return Err(Error::Unsupported { what: "injected submit failure".into() });
         }
         if self.claimed_slot_bytes.is_some() && bytes > self.inner.slot_bytes() {
             return Ok(Duration::ZERO);
         }
+        let slow = self.slow_submissions.as_ref().filter(|slow| call + 1 >= slow.from);
+        if let Some(slow) = slow {
+            std::thread::sleep(slow.delay);
+        }
         // SAFETY: forwarded with the caller's guarantees.
-        unsafe { self.inner.submit_upload(host, device, bytes) }
+        let submitted = unsafe { self.inner.submit_upload(host, device, bytes) };
+        if let Some(slow) = slow {
+            let _ = slow.done.lock().unwrap().send(());
+        }
+        submitted
     }
     fn upload_device_ms(&self, device: usize) -> cuferry::Result<Option<f32>> {
         self.inner.upload_device_ms(device)
