@@ -537,7 +537,8 @@ fn produce_timeout_counts_only_the_wait_on_the_consumers(device: Device) {
     let mut inner = StreamTransferBackend::new(device, false).unwrap();
     inner.allocate_host_slots(2, SLOT).unwrap();
     inner.allocate_device_slots(2, SLOT).unwrap();
-    let backend = FlakyBackend::new(inner, usize::MAX).slow_submissions(3, Duration::from_millis(80), submitted);
+    let backend =
+        FlakyBackend::new(inner, usize::MAX).slow_submissions(3, Duration::from_millis(80), submitted);
     let ring = SlotRing::with_backend(Box::new(backend)).unwrap();
     let consumer = Stream::new(device).unwrap();
     // Two items through, the second's upload and release queued behind the consumer's work
