@@ -703,10 +703,13 @@ class Ring(_Handle):
     def produce(self, items, in_flight=None, timeout=None):
         """Publishes `items`, (sequence, bytes-like) pairs, in order, filling up to `in_flight`
         slots at once (default: all) on the fill threads, and returns how many it published
-        (all of them). A wait for a free slot gives up after `timeout` seconds (`Timeout`, or
-        `WouldBlock` for 0; default: waits for good). On any error the items published are
-        the first `e.published` (an attribute of the exception): resume from there."""
-        items = [(seq, bytes(data)) for seq, data in items]
+        (all of them; 0 counts as 1). A wait for a free slot gives up after `timeout` seconds
+        (`Timeout`, or `WouldBlock` for 0; default: waits for good). On any error from the
+        library the items published are the first `e.published` (an attribute of the
+        exception): resume from there. A sequence that is not an unsigned 64-bit int raises
+        ValueError before anything is published."""
+        items = [(_uint(seq, 64, f"produce: the sequence of item {i}"), bytes(data))
+                 for i, (seq, data) in enumerate(items)]
         n = len(items)
         if n == 0:
             return 0
@@ -715,7 +718,8 @@ class Ring(_Handle):
         ptrs = (ctypes.c_void_p * n)(*(ctypes.addressof(s) for s in sources))
         lens = (ctypes.c_size_t * n)(*(len(data) for _, data in items))
         published = ctypes.c_uint64(0)
-        args = (seqs, ptrs, lens, n, in_flight or n, _micros(timeout), ctypes.byref(published))
+        args = (seqs, ptrs, lens, n, n if in_flight is None else in_flight, _micros(timeout),
+                ctypes.byref(published))
         try:
             self._call("cuferry_ring_produce_timeout", *args)
         except CuferryError as e:
@@ -902,6 +906,8 @@ def _raw_stream(stream, device=None):
                 raise ValueError(f"a host-backend Stream for memory of CUDA device {device}")
             return None
         return stream.cuda_handle
+    if isinstance(stream, _Handle):
+        raise TypeError(f"stream {stream!r}: a {type(stream).__name__} where a Stream goes")
     if isinstance(stream, int) and not isinstance(stream, bool) and 0 <= stream < 2**64:
         return stream
     raise ValueError(f"stream {stream!r}: use None, a cuferry Stream or a cudaStream_t int")

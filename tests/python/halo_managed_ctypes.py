@@ -178,6 +178,10 @@ with lib.stream(device) as stream:
         raises(ValueError, lambda: lib.prefetch_batch([(m, 2**64 + 8)], here, stream), "below 2**64")
         raises(ValueError, lambda: lib.prefetch(m, True, here, stream), "unsigned integer")
         raises(ValueError, lambda: lib.prefetch(m, N, here, 2**64 + 1), "stream")
+        # A handle of another class where a stream goes (as everywhere else: TypeError).
+        with lib.pinned(device, 16) as not_a_stream:
+            raises(TypeError, lambda: lib.prefetch(m, N, here, not_a_stream), "where a Stream goes")
+            raises(TypeError, lambda: lib.managed_alloc(device, 16, not_a_stream), "where a Stream goes")
         raises(ValueError, lambda: lib.prefetch(m, N, ("numa", True), stream), "location")
         stream.synchronize()
     stream.synchronize()  # the free is queued on the stream; the driver counts it once run

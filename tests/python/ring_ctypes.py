@@ -144,6 +144,19 @@ for k in range(len(wanted)):
             got = got if isinstance(got, bytes) else got.get().tobytes()
             assert got == wanted[k][1], f"stalled ring item {k}: bytes differ"
 assert stalled.produce([]) == 0
+# A sequence ctypes would wrap (negative, past 64 bits, a bool) is refused before anything is
+# published, as `publish` refuses it; in_flight 0 counts as 1, as in the C ABI.
+for sequence in (-1, 2**64 + 5, True):
+    try:
+        stalled.produce([(1, b"ok"), (sequence, b"abcd")])
+        raise AssertionError(f"produce accepted sequence {sequence!r}")
+    except ValueError:
+        pass
+assert stalled.stats()["published"] == len(wanted), "a refused produce published something"
+assert stalled.produce([(200, b"one"), (201, b"two")], in_flight=0) == 2
+for want in (200, 201):
+    with stalled.next(stream, timeout=20) as item:
+        assert item.sequence == want, (item.sequence, want)
 stalled.free()
 
 # A publish refused in Python (a negative length, a float sequence) keeps the slot with its
