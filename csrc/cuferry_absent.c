@@ -31,6 +31,7 @@ cuferry_status cuferry_cuda_device_synchronize(int32_t device) { (void)device; N
 cuferry_status cuferry_cuda_set_device(int32_t device) { (void)device; NB; }
 cuferry_status cuferry_cuda_get_device(int32_t *device) { (void)device; NB; }
 cuferry_status cuferry_cuda_thread_has_context(int32_t *has) { (void)has; NB; }
+cuferry_status cuferry_cuda_active_device(int32_t *device) { (void)device; NB; }
 cuferry_status cuferry_cuda_device_can_access_peer(int32_t device, int32_t peer, int32_t *can_access) {
   (void)device; (void)peer; (void)can_access; NB;
 }

@@ -141,6 +141,9 @@ cuferry_status cuferry_cuda_get_device(int32_t *device);
  *  runtime's driver entry point; asking creates none). cudaGetDevice answers 0 on a thread
  *  with none, and setting that device back would create device 0's context. */
 cuferry_status cuferry_cuda_thread_has_context(int32_t *has);
+/** The lowest device whose primary context is active (cuDevicePrimaryCtxGetState through the
+ *  driver entry point; asking creates none), or -1 when none is. */
+cuferry_status cuferry_cuda_active_device(int32_t *device);
 /** Whether `device` can access memory of `peer` directly (cudaDeviceCanAccessPeer). */
 cuferry_status cuferry_cuda_device_can_access_peer(int32_t device, int32_t peer, int32_t *can_access);
 /** Lets `device` access `peer`'s memory. Enabling twice is a success. */

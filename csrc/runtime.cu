@@ -3,6 +3,19 @@
 // Rules: see cuferry_cuda.h. Names and strings come from static cudart and need no driver.
 #include "common.cuh"
 
+// A driver function through the runtime's entry point (no link against libcuda): looking a
+// symbol up needs no context, so it makes none. NULL when the driver lacks it.
+static void *cf_driver_symbol(const char *name) {
+  void *fn = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion(name, &fn, CUDART_VERSION, cudaEnableDefault, &found) != cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    (void)cudaGetLastError();  // not sticky; leave nothing pending
+    return nullptr;
+  }
+  return fn;
+}
+
 extern "C" {
 
 const char *cuferry_cuda_status_name(cuferry_status status) {
@@ -144,21 +157,37 @@ cuferry_status cuferry_cuda_thread_has_context(int32_t *has) {
   // cuCtxGetCurrent through the runtime's driver entry point (no link against libcuda):
   // looking a symbol up needs no context, so asking makes none. Resolved once.
   using get_current_fn = int (*)(void **);
-  static const get_current_fn get_current = [] {
-    void *fn = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, CUDART_VERSION, cudaEnableDefault, &found) !=
-            cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();  // not sticky; leave nothing pending
-      fn = nullptr;
-    }
-    return reinterpret_cast<get_current_fn>(fn);
-  }();
+  static const get_current_fn get_current = reinterpret_cast<get_current_fn>(cf_driver_symbol("cuCtxGetCurrent"));
   if (get_current == nullptr) return cf_check(cudaErrorNotSupported);
   void *ctx = nullptr;
   if (get_current(&ctx) != 0) return cf_check(cudaErrorNotSupported);  // CUresult: 0 is success
   *has = ctx != nullptr ? 1 : 0;
+  return CUFERRY_STATUS_SUCCESS;
+}
+
+cuferry_status cuferry_cuda_active_device(int32_t *device) {
+  CF_REQUIRE(device);
+  // cuDeviceGet and cuDevicePrimaryCtxGetState through the entry point, as above: reading a
+  // primary context's state neither creates nor retains it.
+  using device_get_fn = int (*)(int *, int);
+  using get_state_fn = int (*)(int, unsigned *, int *);
+  static const device_get_fn device_get = reinterpret_cast<device_get_fn>(cf_driver_symbol("cuDeviceGet"));
+  static const get_state_fn get_state =
+      reinterpret_cast<get_state_fn>(cf_driver_symbol("cuDevicePrimaryCtxGetState"));
+  if (device_get == nullptr || get_state == nullptr) return cf_check(cudaErrorNotSupported);
+  int count = 0;
+  CF_TRY(cudaGetDeviceCount(&count));  // initialises the driver (cuInit), creates no context
+  for (int i = 0; i < count; ++i) {
+    int dev = 0;
+    unsigned flags = 0;
+    int active = 0;
+    if (device_get(&dev, i) != 0 || get_state(dev, &flags, &active) != 0) return cf_check(cudaErrorNotSupported);
+    if (active != 0) {
+      *device = i;
+      return CUFERRY_STATUS_SUCCESS;
+    }
+  }
+  *device = -1;
   return CUFERRY_STATUS_SUCCESS;
 }
 

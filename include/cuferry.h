@@ -84,6 +84,10 @@
  * - The allocator pair runs with `device` current (a NULL stream is the legacy stream of the
  *   current device) and makes the caller's current device current again before returning.
  *   Prefetches on the legacy stream likewise run with the memory's device current.
+ * - No call creates a context on a device the caller did not name: on a thread with no
+ *   context, prefetches on other streams and advice first make the memory's device current,
+ *   and the probe of foreign memory (which needs a context before it knows the device) uses
+ *   a device whose context is already active.
  * - PyTorch: use the pair through `torch.cuda.MemPool` (PyTorch's caching allocator sits in
  *   front and honours `Tensor.record_stream`). Installed with `change_current_allocator`,
  *   `record_stream` has no effect (PyTorch calls no hook of ours): memory freed while another

@@ -283,6 +283,7 @@ fn enqueue(
             }
         }
         StreamBackend::Cuda(s) => {
+            s.ensure_context();
             let kind = match direction {
                 CopyDirection::HostToHost => CopyKind::HostToHost,
                 CopyDirection::HostToDevice => CopyKind::HostToDevice,

@@ -10,9 +10,12 @@
 //!   [`Device::try_cuda_count`] says why.
 //! - Peer access is probed, never assumed: [`can_access_peer`] asks the driver.
 //! - CUDA calls behind cuferry's functions that need a current device (allocations and frees,
-//!   streams and events, memory info, enabling peer access, synchronizing a device, drops of
-//!   CUDA buffers) make their device current on the calling thread with `cudaSetDevice` and
-//!   leave it so, as the CUDA runtime's own calls do; queries that name their ordinal
+//!   streams and events, memory info, the L2 fetch granularity and host-wait settings (read
+//!   or written: both live in the device's context), enabling peer access, synchronizing a
+//!   device, drops of CUDA buffers) make their device current on the calling thread with
+//!   `cudaSetDevice` and leave it so, as the CUDA runtime's own calls do. Work queued on a
+//!   stream, and waits on streams and events, make their device current only on a thread with
+//!   no context (so that none is created on device 0). Queries that name their ordinal
 //!   (properties, the device count, whether peer access is possible) leave the current device
 //!   as it is. Code mixing cuferry with other runtime-API code sets its device again before
 //!   its own calls.

@@ -85,8 +85,11 @@ pub fn fill_pattern_u32<M: Memory<u32> + ?Sized>(stream: &Stream, dst: &mut M, s
                 Ok(())
             }))
         }
-        // SAFETY: device-reachable memory (checked) kept alive by its tracker.
-        StreamBackend::Cuda(s) => unsafe { raw::fill_pattern_u32(ptr, n, seed, s.raw) },
+        StreamBackend::Cuda(s) => {
+            s.ensure_context();
+            // SAFETY: device-reachable memory (checked) kept alive by its tracker.
+            unsafe { raw::fill_pattern_u32(ptr, n, seed, s.raw) }
+        }
     })
 }
 

@@ -115,6 +115,29 @@ pub(crate) fn ensure_context(device: u32) -> Result<()> {
     make_current(device)
 }
 
+/// The lowest device whose primary context is active, if any (asking creates none).
+pub(crate) fn active_device() -> Result<Option<u32>> {
+    let mut device = -1;
+    // SAFETY: `device` is a valid out-pointer.
+    check("cuDevicePrimaryCtxGetState", unsafe { sys::cuferry_cuda_active_device(&mut device) })?;
+    Ok(u32::try_from(device).ok())
+}
+
+/// Before a CUDA call whose device is not known yet (a pointer probe, which needs a context
+/// and finds out the memory's device): on a thread with no context, makes current a device
+/// whose primary context is already active, so that the call creates none on device 0. With
+/// none active (or the state unreadable) it does nothing: the call then creates device 0's,
+/// as it would have. A thread with a context keeps it.
+pub(crate) fn ensure_some_context() -> Result<()> {
+    if thread_has_context()? {
+        return Ok(());
+    }
+    match active_device()? {
+        Some(device) => make_current(device),
+        None => Ok(()),
+    }
+}
+
 /// The calling thread's current device, made current again when dropped (for C entry points
 /// that other libraries call implicitly, such as PyTorch's allocator pair, whose callers
 /// rely on their current device: cuferry's own calls may make another device current).
@@ -290,5 +313,61 @@ mod tests {
             .join()
             .unwrap();
         }
+    }
+
+    /// Work queued on a CUDA stream from a thread that chose no device (a copy, an event
+    /// record and wait, a host function, a kernel) makes the stream's device current there
+    /// first, each on a fresh thread; a pointer probe's `ensure_some_context` takes an already
+    /// active device's context, and asking which one is active creates none. The stream is of
+    /// the last device, so only a machine with two GPUs tells device 0 apart. Compiled, not
+    /// run without a GPU.
+    #[test]
+    fn work_queued_from_a_thread_without_a_device_uses_the_streams_device() {
+        let devices = count().unwrap_or(0);
+        if devices == 0 {
+            assert!(
+                std::env::var("CUFERRY_REQUIRE_GPU").as_deref() != Ok("1"),
+                "CUFERRY_REQUIRE_GPU=1 but no CUDA device is usable"
+            );
+            println!("SKIP: no CUDA device");
+            return;
+        }
+        let last = devices - 1;
+        let device = crate::Device::Cuda(last);
+        let stream = crate::Stream::new(device).unwrap();
+        let src = crate::PinnedBuffer::<u32>::zeroed(device, 1024).unwrap();
+        let dst = std::sync::Mutex::new(crate::DeviceBuffer::<u32>::zeroed(&stream, 1024).unwrap());
+        let event = crate::Event::new(device).unwrap();
+        let on_a_fresh_thread = |what: &str, work: &(dyn Fn() + Sync)| {
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    assert_eq!(thread_has_context(), Ok(false), "{what}: a new thread had a context");
+                    work();
+                    assert_eq!(current_device(), last as i32, "{what} made another device current");
+                });
+            });
+        };
+        on_a_fresh_thread("a copy", &|| {
+            crate::copy(&stream, &src, &mut *dst.lock().unwrap()).unwrap();
+        });
+        on_a_fresh_thread("an event record", &|| event.record(&stream).unwrap());
+        on_a_fresh_thread("an event wait", &|| stream.wait_event(&event).unwrap());
+        on_a_fresh_thread("a host function", &|| stream.host_fn(|| ()).unwrap());
+        on_a_fresh_thread("a kernel", &|| {
+            crate::kernels::fill_pattern_u32(&stream, &mut *dst.lock().unwrap(), 7).unwrap();
+        });
+        stream.synchronize().unwrap();
+        let active = active_device().unwrap();
+        assert!(active.is_some_and(|d| d < devices), "{active:?}: the stream's device is in use");
+        std::thread::spawn(move || {
+            // Other tests may make a lower device active meanwhile: some device is, still.
+            assert!(active_device().unwrap().is_some_and(|d| d < devices));
+            assert_eq!(thread_has_context(), Ok(false), "asking which device is active made a context");
+            ensure_some_context().unwrap();
+            assert_eq!(thread_has_context(), Ok(true));
+            assert!((current_device() as u32) < devices);
+        })
+        .join()
+        .unwrap();
     }
 }

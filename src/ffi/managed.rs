@@ -18,6 +18,10 @@
 //! - The allocator pair runs with `device` current (a NULL stream is the legacy stream of the
 //!   current device) and makes the caller's current device current again before returning.
 //!   Prefetches on the legacy stream likewise run with the memory's device current.
+//! - No call creates a context on a device the caller did not name: on a thread with no
+//!   context, prefetches on other streams and advice first make the memory's device current,
+//!   and the probe of foreign memory (which needs a context before it knows the device) uses
+//!   a device whose context is already active.
 //! - PyTorch: use the pair through `torch.cuda.MemPool` (PyTorch's caching allocator sits in
 //!   front and honours `Tensor.record_stream`). Installed with `change_current_allocator`,
 //!   `record_stream` has no effect (PyTorch calls no hook of ours): memory freed while another
@@ -120,9 +124,12 @@ fn pool_for(device: i32) -> Result<ManagedPool> {
     if let Some(p) = pools.get(&device) {
         return Ok(p.clone());
     }
-    // Making a CUDA pool sets its device current: the caller's current device is restored.
+    // Checked first: a device past the last is INVALID_ARGUMENT, as everywhere in the C ABI,
+    // not the CUDA error of making it current. Making a CUDA pool sets its device current:
+    // the caller's current device is restored.
+    let checked = device_of(device)?;
     let _scope = device_scope(device)?;
-    let pool = ManagedPool::new(device_of(device)?, ManagedPoolOptions::default())?;
+    let pool = ManagedPool::new(checked, ManagedPoolOptions::default())?;
     pools.insert(device, pool.clone());
     Ok(pool)
 }
@@ -166,7 +173,9 @@ pub unsafe extern "C" fn cuferry_managed_malloc(
             .ok()
             .filter(|&b| b > 0)
             .ok_or_else(|| Error::invalid(format!("size {size}")))?;
-        // The scope first: creating the device's pool makes that device current.
+        // The device checked (INVALID_ARGUMENT past the last), then the scope: creating the
+        // device's pool makes that device current.
+        device_of(device)?;
         let _scope = device_scope(device)?;
         let pool = pool_for(device)?;
         let s = (pool.kind() == PoolKind::ManagedPool).then(|| raw_stream(stream));
@@ -247,6 +256,9 @@ fn owner(ptr: *const c_void, bytes: usize) -> Result<i32> {
     }
     // Foreign managed memory: both ends must be managed (CUDA checks the rest).
     let last = addr.checked_add(bytes - 1).ok_or_else(|| Error::invalid("range wraps the address space"))?;
+    // The probe needs a context, and on a thread with none would create device 0's: an
+    // active device's is used instead (where none is active, the probe creates it as before).
+    let _ = crate::cuda::device::ensure_some_context();
     match (raw::pointer_is_managed(ptr), raw::pointer_is_managed(last as *const c_void)) {
         (Ok((true, device)), Ok((true, last_device))) if device == last_device => Ok(device),
         _ => Err(Error::invalid(format!("{ptr:?}..+{bytes} is not inside managed memory"))),
@@ -263,9 +275,11 @@ fn from_managed_pool(ptr: *const c_void) -> bool {
     device >= 0 && pool_for(device).is_ok_and(|p| p.kind() == PoolKind::ManagedPool)
 }
 
-/// Checks the ranges and the device's capabilities; `Ok(false)` for host-pool memory.
-fn check_ranges(ranges: &[(*const c_void, usize)], what: &str) -> Result<bool> {
+/// Checks the ranges and the device's capabilities: the device of each range for CUDA
+/// memory, `None` for host-pool memory.
+fn check_ranges(ranges: &[(*const c_void, usize)], what: &str) -> Result<Option<Vec<u32>>> {
     let mut cuda = None;
+    let mut devices = Vec::with_capacity(ranges.len());
     for &(p, n) in ranges {
         if p.is_null() || n == 0 {
             return Err(Error::invalid(format!("{what}: empty or NULL range")));
@@ -280,8 +294,9 @@ fn check_ranges(ranges: &[(*const c_void, usize)], what: &str) -> Result<bool> {
                 "{what} needs concurrentManagedAccess, which cuda:{device} lacks"
             )));
         }
+        devices.extend(u32::try_from(device).ok());
     }
-    Ok(cuda.unwrap_or(false))
+    Ok(cuda.unwrap_or(false).then_some(devices))
 }
 
 /// Prefetches one range to `location`, queued on `stream`. A NULL stream (or
@@ -300,10 +315,10 @@ pub unsafe extern "C" fn cuferry_managed_prefetch(
 ) -> CuferryStatus {
     guard(|| {
         let loc = location_of(location)?;
-        if !check_ranges(&[(ptr, bytes)], "prefetch")? {
+        let Some(devices) = check_ranges(&[(ptr, bytes)], "prefetch")? else {
             return host_only(loc, "prefetch");
-        }
-        let _scope = legacy_stream_scope(stream, ptr, bytes)?;
+        };
+        let _scope = memory_device_scope(stream, devices[0])?;
         // SAFETY: the range is managed memory (checked) kept allocated by the caller.
         unsafe { raw::prefetch_async(ptr, bytes, loc.raw()?, raw_stream(stream)) }
     })
@@ -358,15 +373,17 @@ unsafe fn ranges_of(
 }
 
 /// For the legacy default stream (NULL or `cudaStreamLegacy`), which is the *current* device's:
-/// the device of the CUDA memory at `ptr..+bytes` current for the call (the caller's restored
-/// after), so that the prefetch is queued on that device's legacy stream, where
-/// `cuferry_managed_malloc` with a NULL stream ordered the allocation, and no other device's
-/// context is made. `None` for another stream (it names its own device).
-fn legacy_stream_scope(stream: *mut c_void, ptr: *const c_void, bytes: usize) -> Result<Option<DeviceScope>> {
+/// `device` (the memory's) current for the call (the caller's restored after), so that the
+/// prefetch is queued on that device's legacy stream, where `cuferry_managed_malloc` with a
+/// NULL stream ordered the allocation, and no other device's context is made. `None` for
+/// another stream (it names its own device), after making `device` current on a thread with
+/// no context, which would otherwise get one on device 0.
+fn memory_device_scope(stream: *mut c_void, device: u32) -> Result<Option<DeviceScope>> {
     if !is_legacy_stream(stream) {
+        let _ = crate::cuda::device::ensure_context(device);
         return Ok(None);
     }
-    device_scope(owner(ptr, bytes)?)
+    DeviceScope::enter(device).map(Some)
 }
 
 /// Whether `stream` names the legacy default stream: NULL, or the runtime's
@@ -399,21 +416,22 @@ pub unsafe extern "C" fn cuferry_managed_prefetch_batch(
         if ranges.is_empty() {
             return Ok(());
         }
-        if !check_ranges(&ranges, "prefetch")? {
+        let Some(devices) = check_ranges(&ranges, "prefetch")? else {
             return host_only(loc, "prefetch");
-        }
+        };
         let location = loc.raw()?;
         if is_legacy_stream(stream) || device_lacking_concurrent_access()?.is_some() {
             // CUDA refuses batched prefetches on the legacy default stream, and on a machine
             // where any device lacks concurrentManagedAccess: one call per range keeps the
             // caller's ordering there.
-            for &(p, n) in &ranges {
-                let _scope = legacy_stream_scope(stream, p, n)?;
+            for (&(p, n), &device) in ranges.iter().zip(&devices) {
+                let _scope = memory_device_scope(stream, device)?;
                 // SAFETY: every range is managed memory (checked) kept allocated by the caller.
                 unsafe { raw::prefetch_async(p, n, location, raw_stream(stream)) }?;
             }
             return Ok(());
         }
+        let _ = crate::cuda::device::ensure_context(devices[0]);
         let mut batch = Batch {
             ptrs: ranges.iter().map(|(p, _)| p.cast_mut()).collect(),
             sizes: ranges.iter().map(|(_, n)| *n).collect(),
@@ -439,10 +457,12 @@ pub unsafe extern "C" fn cuferry_managed_advise(
 ) -> CuferryStatus {
     guard(|| {
         let advice = advice_of(advice, location)?;
-        if !check_ranges(&[(ptr, bytes)], "advise")? {
+        let Some(devices) = check_ranges(&[(ptr, bytes)], "advise")? else {
             return advice.location_host_only();
-        }
+        };
         let (value, loc) = advice.raw()?;
+        // Advice takes no stream: on a thread with no context, the memory's device.
+        let _ = crate::cuda::device::ensure_context(devices[0]);
         let mut batch = Batch {
             ptrs: vec![ptr.cast_mut()],
             sizes: vec![bytes],

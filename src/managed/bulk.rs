@@ -558,6 +558,11 @@ pub fn advise_all(ranges: &[ManagedRange<'_>], advice: Advice) -> Result<usize> 
         return Ok(total);
     }
     let (value, location) = advice.raw()?;
+    // A thread that chose no device (advice takes no stream): the memory's device, so that the
+    // runtime creates no context on device 0 (every range is CUDA memory here).
+    if let Some(Device::Cuda(i)) = ranges.first().map(|r| r.pool.device) {
+        let _ = crate::cuda::device::ensure_context(i);
+    }
     let mut batch = Batch {
         ptrs: merged.iter().map(|(p, _)| p.cast::<c_void>()).collect(),
         sizes: merged.iter().map(|(_, n)| *n).collect(),

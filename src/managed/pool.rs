@@ -299,6 +299,10 @@ impl PoolInner {
 
     fn stats(&self) -> Result<PoolStats> {
         if let (PoolKind::ManagedPool, Some(pool)) = (self.kind, self.raw) {
+            if let Device::Cuda(i) = self.device {
+                // On a thread that chose no device: the pool's, not a new context on device 0.
+                let _ = crate::cuda::device::ensure_context(i);
+            }
             let s = raw::pool_stats(pool)?;
             // Four driver reads, not one snapshot: a frees-and-trim between them could still
             // show less reserved than used, or a mark below its current value.

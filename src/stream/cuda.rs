@@ -7,10 +7,12 @@
 //! - CUDA calls each queued host function exactly once (`cudaStreamAddCallback`). After a
 //!   device error the closure is dropped there without running, so what it owns is freed; the
 //!   error itself is CUDA's and every later `synchronize` reports it.
-//! - Waits, queries and the destroy may run on a thread that chose no device (a host
-//!   stream's worker, the reaper dropping a tracker's record of this stream, a user's new
-//!   thread): each first makes the stream's device current where no context is
-//!   (`ensure_context`), so that the runtime creates none on device 0.
+//! - Any call on the stream may run on a thread that chose no device (a host stream's
+//!   worker, the reaper dropping a tracker's record of this stream, a user's new thread given
+//!   a stream made elsewhere): waits, queries, the destroy, and the work queued on it (copies,
+//!   records, event waits, host functions, launches, through `Stream::cuda_raw` or here) each
+//!   first make the stream's device current where no context is (`ensure_context`), so that
+//!   the runtime creates none on device 0. A thread with a context keeps its device.
 
 use std::os::raw::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -35,7 +37,8 @@ impl CudaStream {
         Ok(CudaStream { raw: raw::create(ordinal, 0)?, errors: ErrorSlot::default(), device: ordinal })
     }
 
-    fn ensure_context(&self) {
+    /// Makes the stream's device current on a thread with no context (see the module rules).
+    pub(crate) fn ensure_context(&self) {
         // A failure leaves the CUDA call that follows to report its own error.
         let _ = crate::cuda::device::ensure_context(self.device);
     }
@@ -73,6 +76,7 @@ impl CudaStream {
 
     /// Queues `f` with `cudaStreamAddCallback`.
     pub(crate) fn host_fn(&self, f: Box<dyn FnOnce() + Send + 'static>) -> Result<()> {
+        self.ensure_context();
         let payload = Box::new(HostFnPayload { f, errors: Arc::clone(&self.errors) });
         let data = Box::into_raw(payload).cast::<c_void>();
         // SAFETY: `run_host_fn` takes back the box exactly once and never calls CUDA (launch

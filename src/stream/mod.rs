@@ -235,6 +235,7 @@ impl Stream {
                 }))
             }
             (StreamBackend::Cuda(s), EventBackend::Cuda(ev)) => {
+                s.ensure_context();
                 crate::cuda::stream::wait_event(s.raw, ev.raw)
             }
             (StreamBackend::Cuda(_), EventBackend::Host(state)) => match state.pending_generation() {
@@ -293,10 +294,15 @@ impl Stream {
         }
     }
 
-    /// The CUDA handle of a CUDA stream; used by the capability modules.
+    /// The CUDA handle of a CUDA stream, for the capability modules to queue work on; the
+    /// stream's device is made current first on a thread with no context (so the runtime
+    /// does not create one on device 0 for the call that follows).
     pub(crate) fn cuda_raw(&self) -> Result<crate::cuda::stream::RawStream> {
         match &self.shared.backend {
-            StreamBackend::Cuda(s) => Ok(s.raw),
+            StreamBackend::Cuda(s) => {
+                s.ensure_context();
+                Ok(s.raw)
+            }
             StreamBackend::Host(_) => Err(Error::invalid("a CUDA operation was queued on a host stream")),
         }
     }

@@ -191,6 +191,10 @@ unsafe extern "C" {
     pub fn cuferry_cuda_thread_has_context(has: *mut i32) -> cuferry_status;
 }
 unsafe extern "C" {
+    #[doc = " The lowest device whose primary context is active (cuDevicePrimaryCtxGetState through the\n  driver entry point; asking creates none), or -1 when none is."]
+    pub fn cuferry_cuda_active_device(device: *mut i32) -> cuferry_status;
+}
+unsafe extern "C" {
     #[doc = " Whether `device` can access memory of `peer` directly (cudaDeviceCanAccessPeer)."]
     pub fn cuferry_cuda_device_can_access_peer(
         device: i32,
