@@ -1,5 +1,7 @@
-//! Copies: round trips for random sizes (0, 1, odd, multi-MiB) through every kind of memory,
-//! sub-range copies against a scalar reference, directions, and bad arguments.
+//! Copies: round trips for random sizes (0, 1, odd, multi-MiB) through pinned, registered,
+//! pageable and device memory (managed memory's copies are in tests/managed.rs), sub-range
+//! copies against a scalar reference, directions, peer copies on either device's stream
+//! before and after peer access is enabled, and bad arguments.
 //! Each check runs on the host backend and, when a GPU is present, on CUDA.
 
 mod common;
@@ -230,9 +232,24 @@ fn cuda_peer_round_trip() {
     let mut b = DeviceBuffer::<u8>::zeroed(&s1, data.len()).unwrap();
     assert_eq!(copy(&s0, &a, &mut b).unwrap(), CopyDirection::Peer);
     assert_eq!(b.to_vec(&s1).unwrap(), data);
-    if cuferry::can_access_peer(d1, d0).unwrap() {
+    // Back on the destination's stream, then again both ways once peer access is enabled
+    // (the direct path, where the hardware has one).
+    let back = |stream: &Stream, seed: u64| {
+        let other = Rng::new(seed).bytes(data.len());
+        let mut here = DeviceBuffer::from_slice(&s1, &other).unwrap();
+        let mut there = DeviceBuffer::<u8>::zeroed(&s0, data.len()).unwrap();
+        assert_eq!(copy(stream, &here, &mut there).unwrap(), CopyDirection::Peer);
+        assert_eq!(there.to_vec(&s0).unwrap(), other, "peer copy to {d0} differs");
+        assert_eq!(copy(stream, &there, &mut here).unwrap(), CopyDirection::Peer);
+        assert_eq!(here.to_vec(&s1).unwrap(), other, "peer copy back to {d1} differs");
+    };
+    back(&s1, 6);
+    if cuferry::can_access_peer(d1, d0).unwrap() && cuferry::can_access_peer(d0, d1).unwrap() {
         cuferry::enable_peer_access(d1, d0).unwrap();
         cuferry::enable_peer_access(d1, d0).unwrap(); // twice is fine
+        cuferry::enable_peer_access(d0, d1).unwrap();
+        back(&s0, 7);
+        back(&s1, 8);
     }
 }
 
