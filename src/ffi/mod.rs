@@ -6,9 +6,10 @@
 //!   the PyTorch allocator pair, which keeps PyTorch's signatures: `cuferry_managed_malloc`
 //!   returns NULL on failure and `cuferry_managed_free` returns nothing. On failure
 //!   [`cuferry_last_error_message`] describes it, per thread. Out-parameters are written only on
-//!   success, with two exceptions: [`cuferry_device_count`] writes 0 whenever it cannot count
-//!   devices, so a caller that only reads the count sees none, and
-//!   [`cuferry_stream_cuda_handle`] writes NULL for a host-backend stream.
+//!   success, with three exceptions: [`cuferry_device_count`] writes 0 whenever it cannot count
+//!   devices, so a caller that only reads the count sees none,
+//!   [`cuferry_stream_cuda_handle`] writes NULL for a host-backend stream, and
+//!   [`cuferry_ring_produce_timeout`] writes the count it published on every path.
 //! - No Rust panic crosses the boundary: each call catches it and returns
 //!   `CUFERRY_STATUS_PANIC`.
 //! - Devices are `int32_t`: [`CUFERRY_HOST`] (-1) is the host backend, 0.. are CUDA ordinals.

@@ -92,8 +92,8 @@ unsafe fn take_handle<T>(ptr: *mut T, what: &str) -> Result<Box<T>> {
 }
 
 /// Creates a ring of `depth` slots of `slot_bytes` bytes on `device` in `*out`, with
-/// `fill_threads` threads for `cuferry_ring_produce`. `depth` is 1 to 4096, `fill_threads` 1
-/// to 1024, and `depth * slot_bytes` fits a `size_t`; other values give
+/// `fill_threads` threads for `cuferry_ring_produce`. `depth` is 1 to 4096, `slot_bytes` at
+/// least 1, `fill_threads` 1 to 1024, and `depth * slot_bytes` fits a `size_t`; other values give
 /// `CUFERRY_STATUS_INVALID_ARGUMENT` before anything is allocated.
 ///
 /// # Safety
