@@ -410,12 +410,13 @@ typedef struct cuferry_halo_desc {
   int64_t packed_offset;
   /** First access unit of this descriptor in the launch's numbering. */
   int64_t unit_first;
-  /** Number of access units (> 0). */
+  /** Number of access units (> 0, below 2^31: the kernel divides unit numbers within a
+   *  descriptor by 32-bit multiply-shift; src/halo/gpu.rs refuses larger ones). */
   int64_t units;
   /** Strides in elements, outermost dim first; signed on the array side. */
   int64_t array_stride[CUFERRY_HALO_MAX_DIMS];
   int64_t packed_stride[CUFERRY_HALO_MAX_DIMS];
-  /** Extents in elements, outermost first; the innermost is extent[ndim - 1]. */
+  /** Extents in elements, outermost first; the innermost is extent[ndim - 1]. Positive. */
   int32_t extent[CUFERRY_HALO_MAX_DIMS];
   int32_t ndim;
   /** Bytes per element: 1, 2, 4 or 8. */

@@ -3,12 +3,17 @@
 // Rules: see cuferry_cuda.h. Names and strings come from static cudart and need no driver.
 #include "common.cuh"
 
+// The driver ABI asked for: 12.0's. The functions looked up have had the same signatures since
+// then, and a request for a version newer than the driver's fails (a newer 13.x toolkit on an
+// older 13.0 driver, under minor-version compatibility, would find nothing).
+static const int kDriverAbiVersion = 12000;
+
 // A driver function through the runtime's entry point (no link against libcuda): looking a
 // symbol up needs no context, so it makes none. NULL when the driver lacks it.
 static void *cf_driver_symbol(const char *name) {
   void *fn = nullptr;
   cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDriverEntryPointByVersion(name, &fn, CUDART_VERSION, cudaEnableDefault, &found) != cudaSuccess ||
+  if (cudaGetDriverEntryPointByVersion(name, &fn, kDriverAbiVersion, cudaEnableDefault, &found) != cudaSuccess ||
       found != cudaDriverEntryPointSuccess) {
     (void)cudaGetLastError();  // not sticky; leave nothing pending
     return nullptr;

@@ -702,8 +702,8 @@ class Ring(_Handle):
 
     def produce(self, items, in_flight=None, timeout=None):
         """Publishes `items`, (sequence, bytes-like) pairs, in order, filling up to `in_flight`
-        slots at once (default: all) on the fill threads, and returns how many it published
-        (all of them; 0 counts as 1). A wait for a free slot gives up after `timeout` seconds
+        slots at once (default: all; 0 counts as 1) on the fill threads, and returns how many
+        it published (all of them). A wait for a free slot gives up after `timeout` seconds
         (`Timeout`, or `WouldBlock` for 0; default: waits for good). On any error from the
         library the items published are the first `e.published` (an attribute of the
         exception): resume from there. A sequence that is not an unsigned 64-bit int raises

@@ -836,6 +836,26 @@ fn launch_parameter_tables_of_every_capacity_match_the_reference() {
     }
 }
 
+/// More descriptors than a block's threads (256): with the table in device memory the kernel
+/// finds each block's first descriptor on the device, in rounds of 256 (launch parameters
+/// hold at most 64, and there the host computes it). 300 regions, every seventh large enough
+/// that blocks start in descriptors past the first round: pack and unpack equal the reference
+/// on the host and, bit for bit, the host on CUDA.
+#[test]
+fn tables_longer_than_a_block_find_their_first_descriptor_on_the_device() {
+    let mut rng = Rng::new(78);
+    let qs: Vec<Quantity<f64>> = (0..300)
+        .map(|i| {
+            if i % 7 == 6 {
+                one_quantity(2000 + i as u64, [4, 64 + i % 5, 64])
+            } else {
+                random_quantity(&mut rng, false)
+            }
+        })
+        .collect();
+    check_case(&qs, false);
+}
+
 /// x-faces (24-byte runs at a 3120-byte pitch) pack the same bytes whatever the device's L2
 /// fetch granularity, a hint that changes only the DRAM traffic. The GPU bundle's
 /// `ncu:halo_xface_dram` step runs this test under Nsight Compute and reports the DRAM bytes

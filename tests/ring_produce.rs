@@ -538,7 +538,7 @@ fn produce_timeout_counts_only_the_wait_on_the_consumers(device: Device) {
     inner.allocate_host_slots(2, SLOT).unwrap();
     inner.allocate_device_slots(2, SLOT).unwrap();
     let backend =
-        FlakyBackend::new(inner, usize::MAX).slow_submissions(3, Duration::from_millis(80), submitted);
+        FlakyBackend::new(inner, usize::MAX).slow_submissions(3, Duration::from_millis(150), submitted);
     let ring = SlotRing::with_backend(Box::new(backend)).unwrap();
     let consumer = Stream::new(device).unwrap();
     // Two items through, the second's upload and release queued behind the consumer's work
@@ -566,7 +566,7 @@ fn produce_timeout_counts_only_the_wait_on_the_consumers(device: Device) {
             gate.open();
         });
         let pool = PackExecutor::new(1).unwrap();
-        let done = ring.produce_timeout(&pool, 2, data[..2].iter().map(fill), Duration::from_millis(40));
+        let done = ring.produce_timeout(&pool, 2, data[..2].iter().map(fill), Duration::from_millis(75));
         assert_eq!(done.into_result().unwrap(), 2, "timed out counting its own publish as a wait");
     });
     for want in 0..2 {

@@ -606,12 +606,12 @@ pub struct cuferry_halo_desc {
     pub packed_offset: i64,
     #[doc = " First access unit of this descriptor in the launch's numbering."]
     pub unit_first: i64,
-    #[doc = " Number of access units (> 0)."]
+    #[doc = " Number of access units (> 0, below 2^31: the kernel divides unit numbers within a\n  descriptor by 32-bit multiply-shift; src/halo/gpu.rs refuses larger ones)."]
     pub units: i64,
     #[doc = " Strides in elements, outermost dim first; signed on the array side."]
     pub array_stride: [i64; 8usize],
     pub packed_stride: [i64; 8usize],
-    #[doc = " Extents in elements, outermost first; the innermost is extent[ndim - 1]."]
+    #[doc = " Extents in elements, outermost first; the innermost is extent[ndim - 1]. Positive."]
     pub extent: [i32; 8usize],
     pub ndim: i32,
     #[doc = " Bytes per element: 1, 2, 4 or 8."]
