@@ -276,11 +276,12 @@ impl PoolInner {
         // counted on top of it (the high-water mark would overstate the peak).
         self.used.fetch_sub(bytes as u64, Ordering::AcqRel);
         let freed = match (self.kind, self.device) {
-            (PoolKind::ManagedPool, _) => {
-                let s = stream.ok_or_else(|| Error::invalid("a managed pool free needs a CUDA stream"))?;
+            // Not returned early: the count below is given back on every failure.
+            (PoolKind::ManagedPool, _) => match stream {
                 // SAFETY: preconditions 1 and 2.
-                unsafe { raw::free_async(ptr.cast::<c_void>(), s) }
-            }
+                Some(s) => unsafe { raw::free_async(ptr.cast::<c_void>(), s) },
+                None => Err(Error::invalid("a managed pool free needs a CUDA stream")),
+            },
             // SAFETY: preconditions 1 and 2 (cudaFree serves cudaMallocManaged memory).
             (PoolKind::MallocManaged, Device::Cuda(i)) => unsafe {
                 raw_memory::device_free(i, ptr.cast::<c_void>())
