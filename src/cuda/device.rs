@@ -252,6 +252,21 @@ mod tests {
         .unwrap();
     }
 
+    /// The CUDA device count, or `None` after printing SKIP when there is none (failing
+    /// instead under `CUFERRY_REQUIRE_GPU=1`).
+    fn devices_or_skip() -> Option<u32> {
+        let devices = count().unwrap_or(0);
+        if devices == 0 {
+            assert!(
+                std::env::var("CUFERRY_REQUIRE_GPU").as_deref() != Ok("1"),
+                "CUFERRY_REQUIRE_GPU=1 but no CUDA device is usable"
+            );
+            println!("SKIP: no CUDA device");
+            return None;
+        }
+        Some(devices)
+    }
+
     fn current_device() -> i32 {
         let mut current = -1;
         // SAFETY: `current` is a valid out-pointer.
@@ -260,20 +275,12 @@ mod tests {
     }
 
     /// A CUDA event queried, waited on and timed (and a CUDA stream waited on) on a thread
-    /// that chose no device makes its own device current there (so that no context is created on device 0); a thread that
-    /// chose a device keeps it. The event is of the last device, so only a machine with two
+    /// that chose no device makes its own device current there (so that no context is
+    /// created on device 0); a thread that chose a device keeps it. The event is of the last device, so only a machine with two
     /// GPUs tells the two apart. Compiled, not run without a GPU.
     #[test]
     fn event_calls_on_a_thread_without_a_device_use_the_events_device() {
-        let devices = count().unwrap_or(0);
-        if devices == 0 {
-            assert!(
-                std::env::var("CUFERRY_REQUIRE_GPU").as_deref() != Ok("1"),
-                "CUFERRY_REQUIRE_GPU=1 but no CUDA device is usable"
-            );
-            println!("SKIP: no CUDA device");
-            return;
-        }
+        let Some(devices) = devices_or_skip() else { return };
         let last = devices - 1;
         let device = crate::Device::Cuda(last);
         let stream = crate::Stream::new(device).unwrap();
@@ -323,15 +330,7 @@ mod tests {
     /// run without a GPU.
     #[test]
     fn work_queued_from_a_thread_without_a_device_uses_the_streams_device() {
-        let devices = count().unwrap_or(0);
-        if devices == 0 {
-            assert!(
-                std::env::var("CUFERRY_REQUIRE_GPU").as_deref() != Ok("1"),
-                "CUFERRY_REQUIRE_GPU=1 but no CUDA device is usable"
-            );
-            println!("SKIP: no CUDA device");
-            return;
-        }
+        let Some(devices) = devices_or_skip() else { return };
         let last = devices - 1;
         let device = crate::Device::Cuda(last);
         let stream = crate::Stream::new(device).unwrap();
