@@ -8,6 +8,22 @@ use std::process::ExitCode;
 
 use cuferry::{Device, Error};
 
+/// CUDA errors that, like `NoDriver`, mean there is no usable driver here: the toolkit's stub
+/// `libcuda` found instead of a driver (`cudaErrorStubLibrary`), and a driver that does not
+/// match the kernel module or the device (`cudaErrorSystemDriverMismatch`,
+/// `cudaErrorCompatNotSupportedOnDevice`).
+const NO_USABLE_DRIVER: [i32; 3] = [34, 803, 804];
+
+/// Whether the device count's failure means this machine runs the host backend only (no
+/// driver, no device, no CUDA build), rather than a device that failed.
+fn host_only(e: &Error) -> bool {
+    match e {
+        Error::NoDriver { .. } | Error::NoDevice { .. } | Error::Unsupported { .. } => true,
+        Error::Cuda { code, .. } => NO_USABLE_DRIVER.contains(code),
+        _ => false,
+    }
+}
+
 fn gib(bytes: usize) -> String {
     format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
 }
@@ -31,7 +47,7 @@ pub fn run() -> ExitCode {
     }
     let count = match Device::try_cuda_count() {
         Ok(n) => n,
-        Err(e @ (Error::NoDriver { .. } | Error::NoDevice { .. } | Error::Unsupported { .. })) => {
+        Err(e) if host_only(&e) => {
             println!("backend: host only ({e})");
             print_topology();
             return ExitCode::SUCCESS;
@@ -130,5 +146,25 @@ fn print_topology() {
     }
     for (a, b, level) in &topo.pairs {
         println!("  nvml {a} <-> nvml {b}: {level}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cuda_error(code: i32) -> Error {
+        Error::Cuda { call: "cudaGetDeviceCount", code, name: "", description: "" }
+    }
+
+    #[test]
+    fn a_stub_or_mismatched_driver_means_host_only_and_a_failing_device_does_not() {
+        assert!(host_only(&Error::NoDriver { call: "cudaGetDeviceCount" }));
+        assert!(host_only(&Error::NoDevice { call: "cudaGetDeviceCount" }));
+        for code in NO_USABLE_DRIVER {
+            assert!(host_only(&cuda_error(code)), "{code}");
+        }
+        // cudaErrorUnknown, cudaErrorInitializationError: a device that is there and fails.
+        assert!(!host_only(&cuda_error(999)) && !host_only(&cuda_error(3)));
     }
 }

@@ -61,15 +61,21 @@ pub struct BenchArgs {
     plot: Option<PathBuf>,
 }
 
+/// The `--device` argument: `host`, `auto` or `cuda:N` of a device that exists here (one that
+/// does not is an argument error, before any section runs).
 fn parse_device(text: &str) -> Result<Device, String> {
     match text {
         "auto" => Ok(if Device::cuda_count() > 0 { Device::Cuda(0) } else { Device::Host }),
         "host" => Ok(Device::Host),
-        other => other
-            .strip_prefix("cuda:")
-            .and_then(|n| n.parse().ok())
-            .map(Device::Cuda)
-            .ok_or_else(|| format!("unknown device {other:?}: use host, cuda:N or auto")),
+        other => {
+            let device = other
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(Device::Cuda)
+                .ok_or_else(|| format!("unknown device {other:?}: use host, cuda:N or auto"))?;
+            device.check_available().map_err(|e| format!("device {other}: {e}"))?;
+            Ok(device)
+        }
     }
 }
 
@@ -162,6 +168,14 @@ pub fn run(args: &BenchArgs) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cuda_device_that_does_not_exist_is_an_argument_error() {
+        let err = parse_device("cuda:4096").unwrap_err();
+        assert!(err.contains("cuda:4096"), "{err}");
+        assert!(parse_device("cuda:x").is_err() && parse_device("gpu").is_err());
+        assert_eq!(parse_device("host"), Ok(Device::Host));
+    }
 
     #[test]
     fn unwritable_outputs_are_found_before_measuring() {
