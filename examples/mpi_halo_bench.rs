@@ -8,9 +8,10 @@
 //! ```
 //!
 //! Each step is timed by every rank (`HaloCommunicator::exchange_tiles` splits it into
-//! consecutive pack, transfer and unpack intervals); the step's figure is the slowest rank's,
-//! and the table shows the median over the steps (after 5 warm-up steps). Rank 0 prints one
-//! markdown row, and appends a JSON line to FILE.
+//! consecutive pack, transfer and unpack intervals); each of the step's four figures is the
+//! slowest rank's for that interval (taken separately, so the three parts need not add up to
+//! the step's total), and the table shows the median over the steps (after 5 warm-up steps).
+//! Rank 0 prints one markdown row, and appends a JSON line to FILE. `--steps` is at least 1.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -32,9 +33,17 @@ const WARMUP: usize = 5;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
-    let arg = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
-    let steps: usize = arg("--steps").map_or(Ok(30), |s| s.parse())?;
-    let json = arg("--json");
+    let arg = |name: &str| -> Result<Option<String>, String> {
+        match args.iter().position(|a| a == name) {
+            None => Ok(None),
+            Some(i) => args.get(i + 1).cloned().map(Some).ok_or_else(|| format!("{name} needs a value")),
+        }
+    };
+    let steps: usize = arg("--steps")?.map_or(Ok(30), |s| s.parse())?;
+    if steps == 0 {
+        return Err("--steps must be at least 1 (the figures are medians over the steps)".into());
+    }
+    let json = arg("--json")?;
 
     let universe = mpi::initialize().ok_or("MPI was already initialised")?;
     let world = universe.world();
