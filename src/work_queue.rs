@@ -47,8 +47,9 @@ impl<T> WorkQueue<T> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Queues `items` and wakes as many sleepers as there are items, in one call; hands them
-    /// back once closed.
+    /// Queues `items` and wakes sleepers in one call: one for a single item, all of them for
+    /// a batch meeting two or more (those that find the queue empty sleep again); hands the
+    /// items back once closed.
     pub(crate) fn push(&self, items: Vec<T>) -> Result<(), Vec<T>> {
         let wake = {
             let mut state = self.lock();

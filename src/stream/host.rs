@@ -84,7 +84,8 @@ impl Progress {
     /// by another thread) could be counted before this one and take its number, so a failed
     /// job's error would go to the wrong `synchronize`. Taking the state lock here, under the
     /// execution lock, cannot deadlock with `submit_or_run`, which takes them the other way
-    /// round only on an idle queue, where no job holds the execution lock.
+    /// round only on an idle queue: there the execution lock is free, or held by a runner
+    /// that has counted its job and takes neither lock again before letting it go.
     fn run_holding(&self, job: Job, running: MutexGuard<'_, ()>) {
         let id = QueueId::of(self);
         // Unmarked only on a thread whose thread-locals are being destroyed, which runs no job
