@@ -63,6 +63,8 @@ done
 # MPI is here to build them; run.sh runs them under the GPU machine's mpirun when libmpi loads
 # there.
 mpi_tests=(mpi_halo mpi_linop)
+# Installed here if missing (as scripts/test.sh does): a bundle without them fails its run.
+scripts/install-mpi.sh >/dev/null || echo "gpu-bundle: no MPI here: the bundle has no MPI tests" >&2
 if command -v mpicc >/dev/null 2>&1; then
   mkdir -p "$bundle/mpi"
   cargo test --release --no-run --features mpi "${mpi_tests[@]/#/--test=}" --message-format=json 2>/dev/null \

@@ -19,12 +19,16 @@
 #   run.sh --bench-reserve S      with --bench: steps before the bench start only while S
 #                          seconds are left before the deadline, so a hung test costs tests,
 #                          not the figures (default 0)
+#   run.sh --hard-limit S  no step runs past S seconds (each step's timeout is cut to fit, with
+#                          15 s left for the kill and the final table): set it below the
+#                          outside limit on the whole command
 #
 # Logs go to a temporary folder, packed at the end as $OUT/logs.tar.gz (the device tool brings
 # $OUT back, at most 8 files); without $OUT to ./logs. The last lines printed are a pass/fail
 # table, written to summary.txt; with $OUT, $OUT/summary.txt is rewritten after every step
-# and $OUT/bench.log after the bench, so a run killed from outside still brings back its table
-# so far and the bench's output.
+# and the bench writes its output straight to $OUT/bench.log, so a run killed from outside
+# still brings back its table so far and what the bench printed. A check that cannot run here
+# (no ncu, no mpirun, MPI tests not in the bundle) fails the run: the GPU machine has them.
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 out=${OUT:-$here}
@@ -42,6 +46,7 @@ deadline=100000
 step_timeout=240
 bench_timeout=
 bench_reserve=0
+hard_limit=100000
 while [ $# -gt 0 ]; do
   case "$1" in
     --sanitize) sanitize=1 ;;
@@ -53,6 +58,7 @@ while [ $# -gt 0 ]; do
     --timeout) step_timeout=$2; shift ;;
     --bench-timeout) bench_timeout=$2; shift ;;
     --bench-reserve) bench_reserve=$2; shift ;;
+    --hard-limit) hard_limit=$2; shift ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
   shift
@@ -69,19 +75,29 @@ failed=0
 save_rows() {
   if [ -n "${OUT:-}" ]; then printf '%s\n' "${rows[@]}" >"$OUT/summary.txt"; fi
 }
-# Runs one step (label, command...) under `step_timeout` (or `STEP_TIMEOUT` when set), unless
-# `limit` has passed.
+# A row for a check that could not run here: a failure (the GPU machine has every tool).
+missing_row() {
+  rows+=("$(printf '%-40s %-14s' "$1" "FAIL ($2)")")
+  failed=1
+  save_rows
+}
+# Runs one step (label, command...) under `step_timeout` (or `STEP_TIMEOUT` when set), cut to
+# end 15 s before `hard_limit`, unless `limit` has passed; its output goes to `STEP_LOG` when
+# set, else to a log named after the label.
 run() {
   local label=$1; shift
-  if [ "$SECONDS" -ge "$limit" ]; then
+  local budget=${STEP_TIMEOUT:-$step_timeout}
+  local left=$((hard_limit - SECONDS - 15))
+  if [ "$left" -lt "$budget" ]; then budget=$left; fi
+  if [ "$SECONDS" -ge "$limit" ] || [ "$left" -lt 5 ]; then
     rows+=("$(printf '%-40s %-14s' "$label" "NOT RUN (deadline)")")
     failed=1
     save_rows
     return
   fi
-  local log="$logs/${label//[^A-Za-z0-9_.-]/_}.log"
+  local log=${STEP_LOG:-"$logs/${label//[^A-Za-z0-9_.-]/_}.log"}
   local start=$SECONDS status code
-  timeout --kill-after=10 "${STEP_TIMEOUT:-$step_timeout}" "$@" >"$log" 2>&1
+  timeout --kill-after=10 "$budget" "$@" >"$log" 2>&1
   code=$?
   case "$code" in
     0) status=pass ;;
@@ -96,7 +112,8 @@ run() {
 }
 selected() { [[ "$(basename "$1")" =~ $only ]]; }
 
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
+# Bounded: a device wedged by an earlier run can block nvidia-smi.
+timeout 15 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
 run "info" "$here/bin/cuferry" info
 if [ "$tests" = 1 ]; then
   for t in "$here"/tests/*; do
@@ -104,11 +121,14 @@ if [ "$tests" = 1 ]; then
     run "test:$(basename "$t")" "$t"
   done
   # The MPI tests (built with the mpi feature) need mpirun and a loadable libmpi here.
+  if [ "$only" = . ] && ! compgen -G "$here/mpi/*" >/dev/null; then
+    missing_row "mpi" "not in the bundle: build it where MPI is installed"
+  fi
   for t in "$here"/mpi/*; do
     [ -e "$t" ] || continue
     selected "$t" || continue
     if ! command -v mpirun >/dev/null 2>&1 || ldd "$t" | grep -q 'not found'; then
-      rows+=("$(printf '%-40s %-14s' "mpi:$(basename "$t")" "SKIP (no mpirun or libmpi)")")
+      missing_row "mpi:$(basename "$t")" "no mpirun or libmpi"
       continue
     fi
     run "mpi:$(basename "$t")" env CUFERRY_REQUIRE_MPI=1 "$t"
@@ -121,9 +141,10 @@ fi
 ncu_check() {
   local exe=$1 test=$2 check=$3 text code
   shift 3
-  text=$(ncu --clock-control none --csv "$@" "$exe" "$test" --exact --nocapture 2>&1)
-  code=$?
-  printf '%s\n' "$text"
+  # Streamed to the step's log as it comes (a step killed by its timeout keeps what it printed).
+  text=$(mktemp)
+  ncu --clock-control none --csv "$@" "$exe" "$test" --exact --nocapture 2>&1 | tee "$text"
+  code=${PIPESTATUS[0]}
   [ "$code" = 0 ] || return "$code"
   python3 -c '
 import csv, sys
@@ -133,7 +154,7 @@ for row in csv.reader(l for l in sys.stdin if l.startswith("\"")):
         header = row
     elif header and len(row) == len(header):
         rows.append(dict(zip(header, row)))
-'"$check" <<<"$text"
+'"$check" <"$text"
 }
 export -f ncu_check
 # The launches of one pack, counted by Nsight Compute rather than taken from the packer: the
@@ -184,19 +205,21 @@ if [ "$tests" = 1 ] && [ -x "$here/tests/halo" ] && selected "$here/tests/halo";
     run "ncu:halo_launches" bash -c 'count_launches "$1"' _ "$here/tests/halo"
     run "ncu:halo_xface_dram" bash -c 'xface_dram "$1"' _ "$here/tests/halo"
   else
-    rows+=("$(printf '%-40s %-14s' "ncu:halo_launches" "SKIP (no ncu)")")
-    rows+=("$(printf '%-40s %-14s' "ncu:halo_xface_dram" "SKIP (no ncu)")")
+    missing_row "ncu:halo_launches" "no ncu"
+    missing_row "ncu:halo_xface_dram" "no ncu"
   fi
 fi
 
 # The benchmark runs before the sanitizers, which take most of a run's time: a deadline that
 # cuts the run short then costs sanitizer steps (each reported NOT RUN), not the figures.
 limit=$deadline
+bench_log=$logs/cuferry_bench.log
+if [ -n "${OUT:-}" ]; then bench_log=$OUT/bench.log; fi
 if [ "$bench" = 1 ]; then
   # Anything else on the GPU (a test's leftover process) would skew the figures: logged.
-  nvidia-smi --query-compute-apps=pid,name,used_memory --format=csv >"$logs/gpu_apps_before_bench.txt" 2>&1
-  STEP_TIMEOUT=$bench_timeout run "cuferry bench" "$here/bin/cuferry" bench --json "$out/bench.json" --plot "$out/bench.svg"
-  if [ -n "${OUT:-}" ] && [ -f "$logs/cuferry_bench.log" ]; then cp "$logs/cuferry_bench.log" "$OUT/bench.log"; fi
+  timeout 15 nvidia-smi --query-compute-apps=pid,name,used_memory --format=csv >"$logs/gpu_apps_before_bench.txt" 2>&1
+  STEP_TIMEOUT=$bench_timeout STEP_LOG=$bench_log run "cuferry bench" \
+    "$here/bin/cuferry" bench --json "$out/bench.json" --plot "$out/bench.svg"
 fi
 
 # One sanitizer over one test binary. API errors are not reported: the tests provoke them on
@@ -205,13 +228,15 @@ fi
 sanitize_test() {
   local tool=$1 exe=$2; shift 2
   local text code
-  # CUFERRY_UNDER_SANITIZER: tests that fault a child process on purpose skip that part.
-  text=$(CUFERRY_UNDER_SANITIZER=1 compute-sanitizer --tool "$tool" --report-api-errors no \
-    --error-exitcode 99 "$exe" "$@" 2>&1)
-  code=$?
-  printf '%s\n' "$text"
-  if [ "$code" = 255 ] && grep -q 'terminated before first instrumented API call' <<<"$text" \
-    && grep -q '^test result: ok' <<<"$text"; then
+  # Streamed to the step's log as it comes: a run killed by its timeout keeps what it printed
+  # (which test was running). CUFERRY_UNDER_SANITIZER: tests that fault a child process on
+  # purpose skip that part.
+  text=$(mktemp)
+  CUFERRY_UNDER_SANITIZER=1 compute-sanitizer --tool "$tool" --report-api-errors no \
+    --error-exitcode 99 "$exe" "$@" 2>&1 | tee "$text"
+  code=${PIPESTATUS[0]}
+  if [ "$code" = 255 ] && grep -q 'terminated before first instrumented API call' "$text" \
+    && grep -q '^test result: ok' "$text"; then
     echo "backend: no CUDA call in this binary; nothing to sanitize"
     return 0
   fi
@@ -249,9 +274,9 @@ if [ "$criterion" = 1 ]; then
 fi
 
 {
-  if [ "$bench" = 1 ] && [ -f "$logs/cuferry_bench.log" ]; then
+  if [ "$bench" = 1 ] && [ -f "$bench_log" ]; then
     echo "== cuferry bench"
-    cat "$logs/cuferry_bench.log"
+    cat "$bench_log"
   fi
   echo
   echo "== cuferry GPU bundle: $(date -u +%Y-%m-%dT%H:%MZ)"

@@ -1,6 +1,6 @@
 //! cuferry's managed pool as PyTorch's pluggable allocator (tests/python/torch_allocator.py).
 //! Runs where python3 has torch with CUDA (the GPU machine); prints SKIP elsewhere, and fails
-//! under CUFERRY_REQUIRE_GPU=1 when torch is there but sees no device.
+//! under CUFERRY_REQUIRE_GPU=1 when python3 or torch is missing or torch sees no device.
 
 mod common;
 
@@ -14,14 +14,14 @@ fn torch_mem_pool_on_cuferry_allocator() {
     let out = match Command::new("python3").arg(&script).arg(&lib).output() {
         Ok(o) => o,
         Err(e) => {
-            println!("SKIP: no python3 ({e})");
+            common::skip_missing(&format!("no python3 ({e})"));
             return;
         }
     };
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{text}");
     if text.contains("SKIP: torch is not installed") {
-        println!("{text}");
+        common::skip_missing(&format!("torch is not installed: {text}"));
         return;
     }
     assert!(text.contains("torch allocator passed"), "{text}");
