@@ -235,6 +235,11 @@ sanitize_test() {
   CUFERRY_UNDER_SANITIZER=1 compute-sanitizer --tool "$tool" --report-api-errors no \
     --error-exitcode 99 "$exe" "$@" 2>&1 | tee "$text"
   code=${PIPESTATUS[0]}
+  # Filters that match no test (a renamed one) would pass without sanitizing anything.
+  if [ $# -gt 0 ] && grep -q '^test result: ok\. 0 passed' "$text"; then
+    echo "no test matched the filters: $*"
+    return 1
+  fi
   if [ "$code" = 255 ] && grep -q 'terminated before first instrumented API call' "$text" \
     && grep -q '^test result: ok' "$text"; then
     echo "backend: no CUDA call in this binary; nothing to sanitize"
