@@ -283,7 +283,7 @@ fn enqueue(
             }
         }
         StreamBackend::Cuda(s) => {
-            s.ensure_context();
+            let s = s.queue_handle();
             let kind = match direction {
                 CopyDirection::HostToHost => CopyKind::HostToHost,
                 CopyDirection::HostToDevice => CopyKind::HostToDevice,
@@ -298,12 +298,12 @@ fn enqueue(
                     };
                     // SAFETY: both ranges are in bounds of live device buffers whose trackers
                     // record this copy, so they are not freed before it runs.
-                    return unsafe { raw::memcpy_peer_async(dst.cast(), dd, src.cast(), sd, bytes, s.raw) };
+                    return unsafe { raw::memcpy_peer_async(dst.cast(), dd, src.cast(), sd, bytes, s) };
                 }
             };
             // SAFETY: both ranges are in bounds of live buffers whose trackers record this
             // copy, so they are neither freed nor touched by the host before it runs.
-            unsafe { raw::memcpy_async(dst.cast(), src.cast(), bytes, kind, s.raw) }
+            unsafe { raw::memcpy_async(dst.cast(), src.cast(), bytes, kind, s) }
         }
     }
 }

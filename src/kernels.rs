@@ -86,9 +86,9 @@ pub fn fill_pattern_u32<M: Memory<u32> + ?Sized>(stream: &Stream, dst: &mut M, s
             }))
         }
         StreamBackend::Cuda(s) => {
-            s.ensure_context();
+            let s = s.queue_handle();
             // SAFETY: device-reachable memory (checked) kept alive by its tracker.
-            unsafe { raw::fill_pattern_u32(ptr, n, seed, s.raw) }
+            unsafe { raw::fill_pattern_u32(ptr, n, seed, s) }
         }
     })
 }

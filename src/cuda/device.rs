@@ -276,8 +276,8 @@ mod tests {
 
     /// A CUDA event queried, waited on and timed (and a CUDA stream waited on) on a thread
     /// that chose no device makes its own device current there (so that no context is
-    /// created on device 0); a thread that chose a device keeps it. The event is of the last device, so only a machine with two
-    /// GPUs tells the two apart. Compiled, not run without a GPU.
+    /// created on device 0); a thread that chose a device keeps it. The event is of the last
+    /// device, so only a machine with two GPUs tells the two apart. Compiled, not run without a GPU.
     #[test]
     fn event_calls_on_a_thread_without_a_device_use_the_events_device() {
         let Some(devices) = devices_or_skip() else { return };

@@ -156,10 +156,7 @@ impl Event {
         }
         match (&self.backend, stream.backend()) {
             (EventBackend::Host(state), StreamBackend::Host(q)) => state.record_on(q),
-            (EventBackend::Cuda(ev), StreamBackend::Cuda(s)) => {
-                s.ensure_context();
-                raw::record(ev.raw, s.raw)
-            }
+            (EventBackend::Cuda(ev), StreamBackend::Cuda(s)) => raw::record(ev.raw, s.queue_handle()),
             _ => Err(Error::invalid("event and stream belong to different backends")),
         }
     }

@@ -10,7 +10,7 @@
 //! - Any call on the stream may run on a thread that chose no device (a host stream's
 //!   worker, the reaper dropping a tracker's record of this stream, a user's new thread given
 //!   a stream made elsewhere): waits, queries, the destroy, and the work queued on it (copies,
-//!   records, event waits, host functions, launches, through `Stream::cuda_raw` or here) each
+//!   records, event waits, host functions, launches: all through `CudaStream::queue_handle`) each
 //!   first make the stream's device current where no context is (`ensure_context`), so that
 //!   the runtime creates none on device 0. A thread with a context keeps its device.
 
@@ -27,7 +27,9 @@ type ErrorSlot = Arc<Mutex<Option<Error>>>;
 
 /// An owned CUDA stream.
 pub(crate) struct CudaStream {
-    pub(crate) raw: RawStream,
+    /// Private: work is queued through [`CudaStream::queue_handle`], which makes the device
+    /// current first where the thread has no context.
+    raw: RawStream,
     errors: ErrorSlot,
     device: u32,
 }
@@ -37,8 +39,15 @@ impl CudaStream {
         Ok(CudaStream { raw: raw::create(ordinal, 0)?, errors: ErrorSlot::default(), device: ordinal })
     }
 
+    /// The handle, for queuing work on the stream: the stream's device is made current first
+    /// on a thread with no context (see the module rules).
+    pub(crate) fn queue_handle(&self) -> RawStream {
+        self.ensure_context();
+        self.raw
+    }
+
     /// Makes the stream's device current on a thread with no context (see the module rules).
-    pub(crate) fn ensure_context(&self) {
+    fn ensure_context(&self) {
         // A failure leaves the CUDA call that follows to report its own error.
         let _ = crate::cuda::device::ensure_context(self.device);
     }
@@ -76,13 +85,12 @@ impl CudaStream {
 
     /// Queues `f` with `cudaStreamAddCallback`.
     pub(crate) fn host_fn(&self, f: Box<dyn FnOnce() + Send + 'static>) -> Result<()> {
-        self.ensure_context();
         let payload = Box::new(HostFnPayload { f, errors: Arc::clone(&self.errors) });
         let data = Box::into_raw(payload).cast::<c_void>();
         // SAFETY: `run_host_fn` takes back the box exactly once and never calls CUDA (launch
         // precondition 1; `f` must not either, as `Stream::host_fn` requires); on failure CUDA
         // will not call it, so we reclaim the box below.
-        let launched = unsafe { raw::launch_host_fn(self.raw, run_host_fn, data) };
+        let launched = unsafe { raw::launch_host_fn(self.queue_handle(), run_host_fn, data) };
         if launched.is_err() {
             // SAFETY: the launch failed, so `data` is still ours (precondition 2) and came from
             // `Box::into_raw` above.

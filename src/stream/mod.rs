@@ -235,8 +235,7 @@ impl Stream {
                 }))
             }
             (StreamBackend::Cuda(s), EventBackend::Cuda(ev)) => {
-                s.ensure_context();
-                crate::cuda::stream::wait_event(s.raw, ev.raw)
+                crate::cuda::stream::wait_event(s.queue_handle(), ev.raw)
             }
             (StreamBackend::Cuda(_), EventBackend::Host(state)) => match state.pending_generation() {
                 Some(generation) => state.wait(generation),
@@ -299,10 +298,7 @@ impl Stream {
     /// does not create one on device 0 for the call that follows).
     pub(crate) fn cuda_raw(&self) -> Result<crate::cuda::stream::RawStream> {
         match &self.shared.backend {
-            StreamBackend::Cuda(s) => {
-                s.ensure_context();
-                Ok(s.raw)
-            }
+            StreamBackend::Cuda(s) => Ok(s.queue_handle()),
             StreamBackend::Host(_) => Err(Error::invalid("a CUDA operation was queued on a host stream")),
         }
     }
