@@ -171,4 +171,27 @@ mod tests {
             assert!(matches!(refused, Err(Error::InvalidArgument { .. })), "{kind:?}: {refused:?}");
         }
     }
+
+    /// `sum_u32` waits for its result: called from a job of its own host stream it would wait
+    /// for itself, so it is refused before anything is queued, and the stream goes on.
+    #[test]
+    fn sum_u32_from_a_job_of_its_own_stream_is_refused() {
+        let stream = Stream::new(Device::Host).unwrap();
+        let buf = std::sync::Arc::new(DeviceBuffer::from_slice(&stream, &[1u32, 2, 3]).unwrap());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (own, inner) = (stream.clone(), std::sync::Arc::clone(&buf));
+        stream
+            .host_fn(move || {
+                let _ = tx.send(sum_u32(&own, &*inner));
+            })
+            .unwrap();
+        let got = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("sum_u32 hung in its own stream's job");
+        assert!(
+            matches!(&got, Err(Error::InvalidArgument { what }) if what.contains("wait forever")),
+            "{got:?}"
+        );
+        assert_eq!(sum_u32(&stream, &*buf).unwrap(), 6);
+    }
 }

@@ -259,8 +259,10 @@ fn host_wait_is_set_read_back_and_blocks_waiters() {
             spin.1, spin.0, block.1, block.0
         );
         assert!(block.0 >= hold / 2, "{what}: the wait ended before the gate opened: {:?}", block.0);
+        // Not a speed assert: the documented behaviour is that a blocking waiter sleeps. A
+        // spinning one burns the whole hold on the CPU (see `spin` above); half is the line.
         assert!(
-            block.1 < block.0 / 4,
+            block.1 < block.0 / 2,
             "{what}: a blocked waiter spent {:?} of CPU in {:?}",
             block.1,
             block.0

@@ -292,10 +292,15 @@ fn random_strides(rng: &mut Rng, shape: &[usize]) -> Vec<usize> {
 }
 
 fn random_quantity<T: Val>(rng: &mut Rng, horizontal_always: bool) -> Quantity<T> {
-    let nd = 1 + rng.below(4);
-    let shape: Vec<usize> = (0..nd).map(|_| 1 + rng.below(6)).collect();
+    // 1 to 6 dims (MAX_DIMS); arrays of 5 and 6 dims keep their dims short.
+    let nd = 1 + rng.below(6);
+    let longest = if nd > 4 { 3 } else { 6 };
+    let shape: Vec<usize> = (0..nd).map(|_| 1 + rng.below(longest)).collect();
     let pick = |rng: &mut Rng| rng.below(nd);
+    // Now and then an array of any rank with no horizontal dim (turns leave it as it is).
+    let no_horizontal = !horizontal_always && nd > 1 && rng.below(10) == 0;
     let (x, y) = match (nd, rng.below(6)) {
+        _ if no_horizontal => (None, None),
         (1, 0) if !horizontal_always => (None, None),
         (1, c) => {
             if c % 2 == 0 {

@@ -529,6 +529,22 @@ fn spec_whose_stream_is_on_another_device_is_rejected() {
     assert_eq!(Array::<f64>::zeros(&good, &[2]).unwrap().to_vec().unwrap(), [0.0, 0.0]);
 }
 
+/// A view past the end of its buffer (offset, shape and strides that reach further than its
+/// elements, or whose reach overflows) is refused; the view that fits is fine.
+#[test]
+fn array_views_past_their_buffer_are_rejected() {
+    let h = host();
+    let x = Array::from_slice(&h, &[4], &[1.0f64, 2.0, 3.0, 4.0]).unwrap();
+    let buf = x.buffer();
+    assert_invalid(Array::from_buffer(&h, Arc::clone(buf), 1, &[4], &[1]));
+    assert_invalid(Array::from_buffer(&h, Arc::clone(buf), 0, &[2, 2], &[3, 1]));
+    assert_invalid(Array::from_buffer(&h, Arc::clone(buf), 0, &[2, 2], &[1]));
+    assert_invalid(Array::from_buffer(&h, Arc::clone(buf), usize::MAX, &[1], &[1]));
+    assert_invalid(Array::from_buffer(&h, Arc::clone(buf), 0, &[2, 2], &[usize::MAX, 1]));
+    let fits = Array::from_buffer(&h, Arc::clone(buf), 0, &[2, 2], &[1, 2]).unwrap();
+    assert_eq!(fits.to_vec().unwrap(), [1.0, 3.0, 2.0, 4.0]);
+}
+
 /// A name on both sides of `Zero` is a batch dim: one size.
 #[test]
 fn zero_rejects_a_batch_dim_with_two_sizes() {

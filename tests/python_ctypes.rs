@@ -7,7 +7,9 @@ mod common;
 
 use std::process::Command;
 
-/// Runs `script` on `device`; its output must contain `passed`.
+/// Runs `script` on `device`; its output must contain `passed`, and on a CUDA device under
+/// `CUFERRY_REQUIRE_GPU=1` no `SKIP:` line (a script that could not read device memory back,
+/// for want of CuPy, would otherwise pass without checking a byte).
 fn run(script: &str, device: i32, passed: &str) {
     let lib = common::cdylib_dir().join("libcuferry.so");
     let script = common::c_sources().join("tests/python").join(script);
@@ -29,6 +31,11 @@ fn run(script: &str, device: i32, passed: &str) {
         script.display()
     );
     println!("{text}");
+    assert!(
+        device < 0 || !common::gpu_required() || !text.contains("SKIP:"),
+        "{} on device {device} skipped checks under CUFERRY_REQUIRE_GPU=1:\n{text}",
+        script.display()
+    );
 }
 
 #[test]

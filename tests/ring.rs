@@ -259,6 +259,22 @@ fn layouts_and_bad_metadata(device: Device) {
         Err(Error::InvalidArgument { .. })
     ));
     assert_eq!(ring.stats().occupancy, 0, "a refused publish kept its slots");
+    // A layout longer than the bytes uploaded (a consumer's array view would read bytes that
+    // were never written).
+    let slot = ring.acquire().unwrap();
+    assert!(matches!(
+        slot.publish(SlotMeta { sequence: 1, bytes: 4, layout: SlotLayout::bytes(8) }),
+        Err(Error::InvalidArgument { .. })
+    ));
+    assert_eq!(ring.stats().occupancy, 0, "a refused publish kept its slots");
+    // Layouts whose sizes overflow are refused when built.
+    for huge in [
+        SlotLayout::new().with::<f64>(&[usize::MAX, 2]),
+        SlotLayout::new().with::<f64>(&[usize::MAX / 4]),
+        SlotLayout::new().with::<u8>(&[usize::MAX]).and_then(|l| l.with::<u8>(&[1])),
+    ] {
+        assert!(matches!(huge, Err(Error::InvalidArgument { .. })), "{huge:?}");
+    }
     let pool = PackExecutor::new(3).unwrap();
     let obs: Vec<f32> = (0..4 * 64).map(|i| i as f32 * 0.5).collect();
     let actions: Vec<i64> = vec![-3, 0, 7, 1 << 40];

@@ -255,6 +255,16 @@ fn event_timing_and_misuse(device: Device) {
     end.synchronize().unwrap();
     let ms = start.elapsed_ms(&end).unwrap();
     assert!(ms >= 15.0, "elapsed {ms} ms for a 20 ms host function");
+    // The end recorded again behind held work: the earlier completion is not reported as the
+    // new record's, and neither is a time before the record completes.
+    let gate = common::Gate::hold(&stream);
+    end.record(&stream).unwrap();
+    let early = start.elapsed_ms(&end);
+    assert!(matches!(early, Err(Error::InvalidArgument { .. }) | Err(Error::Cuda { .. })), "{early:?}");
+    gate.open();
+    end.synchronize().unwrap();
+    let later = start.elapsed_ms(&end).unwrap();
+    assert!(later >= ms, "the second end ({later} ms) is after the first ({ms} ms)");
     let plain = Event::new(device).unwrap();
     assert!(matches!(plain.elapsed_ms(&end), Err(Error::InvalidArgument { .. })));
     // An event is recorded only on a stream of its own device.
