@@ -89,7 +89,8 @@ fn run_model(device: Device, seed: u64, n_bufs: usize, n_streams: usize, steps: 
         }
         let src = rng.below(n_bufs);
         let dst = (src + 1 + rng.below(n_bufs - 1)) % n_bufs;
-        let n = 1 + rng.below(len);
+        // Now and then an empty copy: ordered like any other, and it changes nothing.
+        let n = if rng.below(16) == 0 { 0 } else { 1 + rng.below(len) };
         let (so, d_o) = (rng.below(len - n + 1), rng.below(len - n + 1));
         let stream = &streams[rng.below(n_streams)];
         if step % 4 == 0 {

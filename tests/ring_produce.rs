@@ -602,7 +602,7 @@ proptest! {
         ahead in 0usize..8,
         threads in 1usize..5,
         slot_kib in prop::sample::select(vec![4usize, 64, 200, 512]),
-        count in 1u64..14,
+        count in 0u64..14,
     ) {
         let slot = slot_kib << 10;
         let data = items(count, slot);
