@@ -642,6 +642,43 @@ fn empty_array_with_huge_axes_reads_back() {
     assert_eq!(a.permute(&[2, 1, 0]).unwrap().to_vec().unwrap(), Vec::<f64>::new());
 }
 
+/// An empty, non-contiguous view of 9 dims (past the CUDA kernels' 8, and not mergeable)
+/// reads back as nothing on the host and, when present, on CUDA (which refused it before).
+#[test]
+fn empty_permuted_view_of_nine_dims_reads_back() {
+    let mut specs = vec![host()];
+    if let Some(dev) = util::cuda_device() {
+        specs.push(DeviceSpec::new(dev).unwrap());
+    }
+    for spec in specs {
+        let a = Array::<f64>::zeros(&spec, &[2, 3, 2, 3, 0, 2, 3, 2, 3]).unwrap();
+        let p = a.permute(&[8, 7, 6, 5, 4, 3, 2, 1, 0]).unwrap();
+        assert!(!p.is_contiguous());
+        assert_eq!(p.to_vec().unwrap(), Vec::<f64>::new(), "{:?}", spec.device);
+        assert_eq!(p.contiguous().unwrap().shape(), &[3, 2, 3, 2, 0, 3, 2, 3, 2]);
+    }
+}
+
+/// Joining empty outputs whose other axes multiply past `usize` (a Concat of `Zero`s, and a
+/// batched `Zero` reassembled over its split dim) gives the empty array, not an overflow in
+/// the offsets of the parts.
+#[test]
+fn concat_of_empty_outputs_with_huge_axes() {
+    let big = 1usize << 62;
+    let zero = |s: usize| -> LinopRef<f64> {
+        Arc::new(Zero::new(dims(&[("x", 1)]), dims(&[("z", 0), ("s", s), ("w", big)])).unwrap())
+    };
+    let x = Array::from_slice(&host(), &[1], &[1.0]).unwrap();
+    let joined = Concat::new(vec![zero(4), zero(1)], None, Some("s")).unwrap();
+    let y = joined.apply(&x).unwrap();
+    assert_eq!(y.shape(), &[0, 5, big]);
+    assert!(y.to_vec().unwrap().is_empty());
+    let batched = create_batched_linop(zero(5), &[BatchSpec::new(&[("s", 4)])]).unwrap();
+    let y = batched.apply(&x).unwrap();
+    assert_eq!(y.shape(), &[0, 5, big]);
+    assert!(y.to_vec().unwrap().is_empty());
+}
+
 #[test]
 fn to_device_rejects_wrong_shape() {
     let t = ToDevice::new(host(), host(), dims(&[("x", 2)]));

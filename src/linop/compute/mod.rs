@@ -202,6 +202,12 @@ pub(crate) fn concat<T: Field>(parts: &[Array<T>], axis: usize) -> Result<Array<
             let strides = row_major(&shape);
             let mut start = 0;
             for p in parts {
+                if p.is_empty() {
+                    // Nothing to copy, and its offset may not fit: an empty output's strides
+                    // (of huge other axes) overflow when multiplied.
+                    start += p.shape()[axis];
+                    continue;
+                }
                 let dst = View {
                     offset: start * strides[axis],
                     shape: p.shape().to_vec(),
@@ -219,6 +225,12 @@ pub(crate) fn concat<T: Field>(parts: &[Array<T>], axis: usize) -> Result<Array<
             let strides = row_major(&shape);
             let mut start = 0;
             for p in parts {
+                if p.is_empty() {
+                    // Nothing to copy, and its offset may not fit: an empty output's strides
+                    // (of huge other axes) overflow when multiplied.
+                    start += p.shape()[axis];
+                    continue;
+                }
                 let dst = View {
                     offset: start * strides[axis],
                     shape: p.shape().to_vec(),
