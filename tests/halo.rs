@@ -937,6 +937,14 @@ fn bad_specs_are_invalid_arguments() {
     assert_invalid(HaloSpec::new(ElementType::Raw { size: 0 }, &[2], &[1], xy), "raw size 0");
     assert_invalid(HaloSpec::new(ElementType::F64, &[usize::MAX, 2], &[2, 1], xy), "overflow");
     assert!(HaloSpec::new(ElementType::F64, &[4, 1], &[1, 1], xy).is_ok(), "1-wide dims may share strides");
+    // An empty array whose other extents multiply past usize is fine, given its strides or not.
+    let big = 1usize << 40;
+    assert!(HaloSpec::new(ElementType::F64, &[big, big, 0], &[big, 1, 1], xy).is_ok());
+    for shape in [[big, big, 0, 3], [0, big, big, big], [big, 0, big, big]] {
+        let empty = HaloSpec::contiguous(ElementType::F64, &shape, xy);
+        assert!(empty.is_ok(), "{shape:?}: {empty:?}");
+    }
+    assert_invalid(HaloSpec::contiguous(ElementType::F64, &[big, big, 2], xy), "size overflow");
     // Rows of stride 2 whose next row starts in the last row's gaps: offsets 0, 2, 4 | 5, 7, 9.
     assert!(HaloSpec::new(ElementType::F64, &[3, 3], &[5, 2], xy).is_ok(), "interleaved rows are distinct");
     assert_invalid(

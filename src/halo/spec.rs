@@ -229,11 +229,19 @@ impl HaloSpec {
     ///
     /// As [`HaloSpec::new`].
     pub fn contiguous(element: ElementType, shape: &[usize], dims: HorizontalDims) -> Result<Self> {
+        // An empty array holds no element: its strides saturate (as `new` accepts any strides
+        // for it) instead of failing on extents whose product overflows.
+        let empty = shape.contains(&0);
         let mut strides = vec![0usize; shape.len()];
         let mut acc = 1usize;
         for (d, &e) in shape.iter().enumerate().rev() {
             strides[d] = acc;
-            acc = acc.checked_mul(e.max(1)).ok_or_else(|| Error::invalid("the array's size overflows"))?;
+            acc = match acc.checked_mul(e.max(1)) {
+                Some(next) => next,
+                None if empty => usize::MAX,
+                None if d == 0 => acc, // the product past the outermost dim is never a stride
+                None => return Err(Error::invalid("the array's size overflows")),
+            };
         }
         Self::new(element, shape, &strides, dims)
     }
