@@ -1,7 +1,8 @@
 //! Copy throughput, as ratios to the ceiling measured in the same run.
 //!
-//! Host backend: `copy` between two host-backend buffers on a host stream (queue, worker
-//! thread, use tracking, completion wait) against a plain `copy_from_slice` of the same bytes
+//! Host backend: `copy` between two host-backend buffers on a host stream (queue, use
+//! tracking, completion wait; the copy runs on the stream's worker, or on the caller when it
+//! is at most 256 KiB and the stream is idle, as the 64 KiB line does) against a plain `copy_from_slice` of the same bytes
 //! (the memcpy ceiling). CUDA, when a device is present: pinned H2D and D2H through `copy` and
 //! D2D within the device, each timed including its completion wait. Throughput is reported by
 //! criterion in bytes per second; compare the `cuferry` and `memcpy` lines of one run.

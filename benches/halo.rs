@@ -6,24 +6,29 @@
 //! the 10-array edges and y-faces also turned once (a transpose); and 4 arrays of
 //! 384 x 384 x 79 (12 MB packed; y-face rows of 3 KB).
 //!
-//! Host backend: `HaloPacker::pack` + `synchronize` (queue, worker thread, use tracking,
-//! completion wait included) against `copy_from_slice` of the same number of bytes (the memcpy
+//! Host backend: `HaloPacker::pack` + `synchronize` (queue, use tracking, completion wait
+//! included; the job runs on the stream's worker, or on the caller when it is at most 1 MiB
+//! and the stream is idle) against `copy_from_slice` of the same number of bytes (the memcpy
 //! ceiling: glibc's `memcpy`, which on x86 copies more than ~2 KiB with `rep movsb`), and the
 //! seed's strategy (index arrays, one gather per array per edge) for the 10-array case. The
 //! ratio table runs every case with one thread and, above 512 KiB (threaded by default), also
 //! threaded; criterion adds a one-thread line above 4 MiB. Target: pack >= 70% of the
 //! memcpy rate for rows >= 128 B, one thread against one memcpy, and threaded against a
-//! memcpy with as many threads (the ratio table; before 2026-11-23's fourth session its
-//! threaded column was compared with one memcpy thread, which flattered it).
+//! memcpy split over as many threads as the pack uses (`HaloPacker::host_job_threads`, shown
+//! in the row). Before 2026-11-23's fourth session the threaded column was compared with one
+//! memcpy thread, and until 2026-11-24's twenty-sixth session with a memcpy split by the
+//! executor's own rule (256 KiB pieces: about half the pack's threads below 4 MiB); both
+//! flattered it.
 //!
 //! The `halo_cpu_ratio_cold` table printed before it times single calls, each right after a
 //! flush of the CPU caches (both the pack and the memcpy start cold, as a halo exchange does
-//! after a time step's compute, and as the CUDA rows start with a flushed L2). The warm table
+//! after a time step's compute, and as the CUDA rows of `cuferry bench --section halo` start
+//! with a flushed L2; this file's CUDA rows are warm). The warm table
 //! measures a memcpy whose buffers stay in L2 while the pack reads rows spread over the
 //! arrays; the cold one measures what a time step sees.
 //!
 //! Criterion measures each line in its own steady state. The `halo_cpu_ratio` table printed
-//! first measures pack and memcpy of each case in alternating batches (the order flips every
+//! after the cold one measures pack and memcpy of each case in alternating batches (the order flips every
 //! round, each batch after one untimed call), and reports the median batch time of each and
 //! the median of the per-round ratios: on a busy machine that is the number to quote.
 //!
@@ -167,8 +172,8 @@ struct RatioSamples {
 impl RatioSamples {
     fn print_header() {
         println!(
-            "{:<30} {:>10} {:>8} {:>12} {:>9} {:>6}  {:>10} {:>9} {:>6}",
-            "case", "bytes", "memcpy", "pack 1 thr", "", "", "memcpy thr", "pack thr", ""
+            "{:<30} {:>10} {:>8} {:>12} {:>9} {:>6}  {:>3} {:>10} {:>9} {:>6}",
+            "case", "bytes", "memcpy", "pack 1 thr", "", "", "thr", "memcpy thr", "pack thr", ""
         );
     }
 
@@ -182,8 +187,9 @@ impl RatioSamples {
     }
 
     /// Prints the medians of a case: rates, ratios, and a verdict for cases in the target's
-    /// scope (rows >= 128 B); the threaded columns only when the case is `threaded`.
-    fn print_row(mut self, c: &Case, bytes: usize, threaded: bool) {
+    /// scope (rows >= 128 B); the threaded columns (after their thread count) only when the
+    /// case runs on `threads` > 1.
+    fn print_row(mut self, c: &Case, bytes: usize, threads: usize) {
         let gbs = |t: f64| bytes as f64 / t / 1e9;
         let (m, p1) = (median(&mut self.memcpy), median(&mut self.pack_1));
         let (mp, pt) = (median(&mut self.memcpy_thr), median(&mut self.pack_thr));
@@ -193,8 +199,8 @@ impl RatioSamples {
             (true, true) => "ok",
             (true, false) => "MISS",
         };
-        let thr = if threaded {
-            format!("{:>5.1} GB/s {:>6.1} GB/s {qt:>5.2}x {}", gbs(mp), gbs(pt), verdict(qt))
+        let thr = if threads > 1 {
+            format!("{threads:>3} {:>5.1} GB/s {:>6.1} GB/s {qt:>5.2}x {}", gbs(mp), gbs(pt), verdict(qt))
         } else {
             String::new()
         };
@@ -219,14 +225,16 @@ fn batch(iters: u32, mut f: impl FnMut()) -> f64 {
 }
 
 /// What both ratio tables build per case: the packer and its arrays, and the memcpy pool
-/// matching the packer's threads.
+/// with as many threads as the packer's threaded job uses.
 struct RatioSetup {
     packer: HaloPacker,
     arrays: Vec<DeviceBuffer<f64>>,
     bytes: usize,
+    /// The packer's thread budget (`host_threads`, the default).
+    budget: usize,
+    /// The threads a pack uses under that budget; above 1 the threaded columns run, against
+    /// a memcpy split into as many pieces.
     threads: usize,
-    /// Whether the packer splits this case over its threads (then the threaded columns run).
-    threaded: bool,
     pool: PackExecutor,
 }
 
@@ -235,11 +243,10 @@ impl RatioSetup {
         let packer = HaloPacker::new(Device::Host, &c.exchanges, None).expect("packer");
         let arrays = arrays_of(&packer.stream().clone(), c);
         let bytes = packer.buffer_bytes();
-        let threads = packer.host_threads();
-        // The packer's own threshold (src/halo/cpu.rs PARALLEL_MIN_BYTES).
-        let threaded = bytes > 512 << 10 && threads > 1;
-        let pool = PackExecutor::new(if threaded { threads } else { 1 }).expect("pack executor");
-        RatioSetup { packer, arrays, bytes, threads, threaded, pool }
+        let budget = packer.host_threads();
+        let threads = packer.host_job_threads();
+        let pool = PackExecutor::new(threads).expect("pack executor");
+        RatioSetup { packer, arrays, bytes, budget, threads, pool }
     }
 }
 
@@ -253,7 +260,8 @@ fn host_ratios(_: &mut Criterion) {
     println!("(pack 1 thr against one memcpy; pack thr against a memcpy with as many threads)");
     RatioSamples::print_header();
     for c in cases() {
-        let RatioSetup { mut packer, arrays, bytes, threads, threaded, pool } = RatioSetup::new(&c);
+        let RatioSetup { mut packer, arrays, bytes, budget, threads, pool } = RatioSetup::new(&c);
+        let threaded = threads > 1;
         let list = per_exchange(&c, &arrays);
         let (src, mut dst) = (vec![1.5f64; bytes / 8], vec![0.0f64; bytes / 8]);
         let (src_bytes, mut dst_bytes) = (vec![1u8; bytes], vec![0u8; bytes]);
@@ -269,7 +277,8 @@ fn host_ratios(_: &mut Criterion) {
             };
             let mut parallel_memcpy = || {
                 batch(iters, || {
-                    pool.copy(std::hint::black_box(&src_bytes), &mut dst_bytes).expect("copy");
+                    pool.copy_in_pieces(std::hint::black_box(&src_bytes), &mut dst_bytes, threads)
+                        .expect("copy");
                     std::hint::black_box(&mut dst_bytes);
                 })
             };
@@ -285,13 +294,13 @@ fn host_ratios(_: &mut Criterion) {
                 let p1 = pack(1);
                 if threaded {
                     let mp = parallel_memcpy();
-                    (m, p1, mp, pack(threads))
+                    (m, p1, mp, pack(budget))
                 } else {
                     (m, p1, m, p1)
                 }
             } else {
                 let (pt, mp) =
-                    if threaded { (pack(threads), parallel_memcpy()) } else { (f64::NAN, f64::NAN) };
+                    if threaded { (pack(budget), parallel_memcpy()) } else { (f64::NAN, f64::NAN) };
                 let p1 = pack(1);
                 let m = memcpy();
                 if threaded {
@@ -302,7 +311,7 @@ fn host_ratios(_: &mut Criterion) {
             };
             samples.push(m, p1, mp, pt);
         }
-        samples.print_row(&c, bytes, threaded);
+        samples.print_row(&c, bytes, threads);
     }
 }
 
@@ -362,7 +371,8 @@ fn cold(flush: &CacheFlush, mut f: impl FnMut()) -> f64 {
 }
 
 /// The cold-cache ratio table: as [`host_ratios`], but every timed call (pack + synchronize,
-/// memcpy) starts after a [`CacheFlush`], one call per sample, in alternating order.
+/// memcpy) starts after a [`CacheFlush`], one call per sample; each pair (one thread, then
+/// threaded) runs in the order that flips every sample.
 fn host_ratios_cold(_: &mut Criterion) {
     const SAMPLES: usize = 41;
     let flusher = CacheFlush::new();
@@ -374,7 +384,8 @@ fn host_ratios_cold(_: &mut Criterion) {
     println!(" pack thr against a memcpy with as many threads)");
     RatioSamples::print_header();
     for c in cases() {
-        let RatioSetup { mut packer, arrays, bytes, threads, threaded, pool } = RatioSetup::new(&c);
+        let RatioSetup { mut packer, arrays, bytes, budget, threads, pool } = RatioSetup::new(&c);
+        let threaded = threads > 1;
         let list = per_exchange(&c, &arrays);
         let (src, mut dst) = (vec![1u8; bytes], vec![0u8; bytes]);
         let mut samples = RatioSamples::default();
@@ -385,7 +396,6 @@ fn host_ratios_cold(_: &mut Criterion) {
                     std::hint::black_box(&mut dst);
                 })
             };
-            let m = memcpy();
             let mut pack = |n: usize| {
                 packer.set_host_threads(n);
                 cold(&flusher, || {
@@ -393,24 +403,30 @@ fn host_ratios_cold(_: &mut Criterion) {
                     packer.synchronize().expect("sync");
                 })
             };
-            let p1 = pack(1);
+            let (m, p1) = if sample % 2 == 0 {
+                let m = memcpy();
+                (m, pack(1))
+            } else {
+                let p1 = pack(1);
+                (memcpy(), p1)
+            };
             let (mp, pt) = if !threaded {
                 (m, p1)
             } else if sample % 2 == 0 {
                 let mp = cold(&flusher, || {
-                    pool.copy(std::hint::black_box(&src), &mut dst).expect("copy");
+                    pool.copy_in_pieces(std::hint::black_box(&src), &mut dst, threads).expect("copy");
                 });
-                (mp, pack(threads))
+                (mp, pack(budget))
             } else {
-                let pt = pack(threads);
+                let pt = pack(budget);
                 let mp = cold(&flusher, || {
-                    pool.copy(std::hint::black_box(&src), &mut dst).expect("copy");
+                    pool.copy_in_pieces(std::hint::black_box(&src), &mut dst, threads).expect("copy");
                 });
                 (mp, pt)
             };
             samples.push(m, p1, mp, pt);
         }
-        samples.print_row(&c, bytes, threaded);
+        samples.print_row(&c, bytes, threads);
     }
 }
 

@@ -666,6 +666,28 @@ fn large_exchange_uses_threads_and_stays_exact() {
     check_over_thread_counts(&qs);
 }
 
+/// `host_job_threads` follows the documented rule: one thread up to 512 KiB, then one per
+/// 128 KiB up to the budget (the halo bench splits its threaded memcpy by it).
+#[test]
+fn host_job_threads_follow_the_byte_rule() {
+    let spec = HaloSpec::contiguous(ElementType::U8, &[4 << 20], HorizontalDims::none()).unwrap();
+    for (bytes, budget, threads) in [
+        (1usize, 16usize, 1usize),
+        (512 << 10, 16, 1),
+        ((512 << 10) + 1, 16, 4),
+        ((512 << 10) + 1, 3, 3),
+        (1_820_160, 16, 13),
+        (1_820_160, 4, 4),
+        (1_820_160, 1, 1),
+        (4 << 20, 64, 16),
+    ] {
+        let ex = HaloExchange::new(&spec, &[0..bytes], 0, &[0..bytes]).unwrap();
+        let mut packer = HaloPacker::new(Device::Host, &[ex], None).unwrap();
+        packer.set_host_threads(budget);
+        assert_eq!(packer.host_job_threads(), threads, "{bytes} bytes, budget {budget}");
+    }
+}
+
 /// The threaded split of turned exchanges (a half turn reverses every horizontal run, a
 /// three-quarter turn transposes and flips): more than 4 MiB turned by 2 and 3, cut between
 /// 2, 3, 5 and 16 threads (so parts start in the middle of rows and of transposed panels,

@@ -216,6 +216,16 @@ struct Part {
     end: usize,
 }
 
+/// The threads a job moving `total` bytes uses under a budget of `max_threads`: one up to
+/// [`PARALLEL_MIN_BYTES`], else one per [`BYTES_PER_THREAD`] up to the budget.
+pub(crate) fn threads_for(total: usize, max_threads: usize) -> usize {
+    if total > PARALLEL_MIN_BYTES {
+        max_threads.min(total / BYTES_PER_THREAD).max(1)
+    } else {
+        1
+    }
+}
+
 /// The default thread budget: the machine's parallelism, at most [`MAX_THREADS`].
 pub(crate) fn thread_budget() -> usize {
     static THREADS: OnceLock<usize> = OnceLock::new();
@@ -231,8 +241,7 @@ impl HostJob {
     pub(crate) fn run(&self) {
         let nests = self.nests();
         let total: usize = nests.iter().map(|n| n.bytes).sum();
-        let threads =
-            if total > PARALLEL_MIN_BYTES { self.max_threads.min(total / BYTES_PER_THREAD) } else { 1 };
+        let threads = threads_for(total, self.max_threads);
         if threads <= 1 {
             for (i, n) in nests.iter().enumerate() {
                 self.run_part(Part { nest: i, start: 0, end: n.units });

@@ -23,7 +23,9 @@
 
 use std::sync::Arc;
 
-use super::cpu::{thread_budget, Direction, HostJob, HostSchedule, MAX_THREADS as MAX_HOST_THREADS};
+use super::cpu::{
+    thread_budget, threads_for, Direction, HostJob, HostSchedule, MAX_THREADS as MAX_HOST_THREADS,
+};
 use super::gpu::{DescriptorPlacement, DeviceTable, MAX_INLINE_DESCRIPTORS};
 use super::plan::{ArrayRef, Component, PackedSlot, Plan};
 use super::pool::PooledBuffer;
@@ -169,6 +171,13 @@ impl HaloPacker {
     /// The most threads one host-backend job may use.
     pub fn host_threads(&self) -> usize {
         self.host_threads
+    }
+
+    /// The threads one host-backend pack or unpack of this packer uses, the caller's or the
+    /// worker's included: 1 up to 512 KiB, else one per 128 KiB of
+    /// [`buffer_bytes`](Self::buffer_bytes) up to [`host_threads`](Self::host_threads).
+    pub fn host_job_threads(&self) -> usize {
+        threads_for(self.plan.bytes, self.host_threads)
     }
 
     /// The stream the packer queues on.

@@ -244,6 +244,21 @@ impl PackExecutor {
     ///
     /// [`Error::InvalidArgument`] when the lengths differ.
     pub fn copy(&self, src: &[u8], dst: &mut [u8]) -> Result<()> {
+        self.copy_in_pieces(src, dst, pieces(src.len(), self.threads(), MIN_CHUNK))
+    }
+
+    /// Copies `src` into `dst` split into `pieces` chunks (clamped to `1..=threads()`, cut at
+    /// 64-byte boundaries), however short, on as many threads; returns when all are copied.
+    /// [`PackExecutor::copy`] chooses the split itself; this one is for a copy that must use
+    /// a given number of threads, such as a ceiling for other work split that way (the halo
+    /// bench's memcpy against [`HaloPacker::host_job_threads`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when the lengths differ.
+    ///
+    /// [`HaloPacker::host_job_threads`]: crate::halo::HaloPacker::host_job_threads
+    pub fn copy_in_pieces(&self, src: &[u8], dst: &mut [u8], pieces: usize) -> Result<()> {
         if src.len() != dst.len() {
             return Err(Error::invalid(format!(
                 "pack copy length mismatch: {} source bytes, {} destination bytes",
@@ -252,7 +267,7 @@ impl PackExecutor {
             )));
         }
         let len = src.len();
-        let pieces = pieces(len, self.threads(), MIN_CHUNK);
+        let pieces = pieces.clamp(1, self.threads()).min(len.div_ceil(64).max(1));
         if pieces == 1 {
             dst.copy_from_slice(src);
             return Ok(());
@@ -346,6 +361,23 @@ mod tests {
 
     fn pattern(len: usize, seed: u8) -> Vec<u8> {
         (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    }
+
+    /// A copy split into a given number of pieces, however short (more pieces than threads,
+    /// none, more than 64-byte lines), copies every byte; lengths that differ are refused.
+    #[test]
+    fn copies_in_given_pieces_move_every_byte() {
+        let pool = PackExecutor::new(4).unwrap();
+        for len in [0, 1, 63, 64, 65, 1000, 300_000, (1 << 20) + 7] {
+            for pieces in [0, 1, 2, 5, 13, 100] {
+                let src = pattern(len, pieces as u8);
+                let mut dst = vec![0u8; len];
+                pool.copy_in_pieces(&src, &mut dst, pieces).unwrap();
+                assert!(dst == src, "{len} bytes in {pieces} pieces");
+            }
+        }
+        let mut short = vec![0u8; 9];
+        assert!(matches!(pool.copy_in_pieces(&[1u8; 10], &mut short, 2), Err(Error::InvalidArgument { .. })));
     }
 
     /// Chunks are never much shorter than the minimum: copies under twice it stay whole, and
