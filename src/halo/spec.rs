@@ -223,7 +223,9 @@ impl HaloSpec {
         Ok(HaloSpec { element, shape: shape.to_vec(), strides: strides.to_vec(), dims, required_len })
     }
 
-    /// A row-major (C order) contiguous layout: the last dim has stride 1.
+    /// A row-major (C order) contiguous layout: the last dim has stride 1. An empty array
+    /// (an extent of 0) whose other extents multiply past `usize` gets strides that saturate
+    /// at `usize::MAX` where the product overflows (no element is ever addressed through them).
     ///
     /// # Errors
     ///
@@ -239,7 +241,9 @@ impl HaloSpec {
             acc = match acc.checked_mul(e.max(1)) {
                 Some(next) => next,
                 None if empty => usize::MAX,
-                None if d == 0 => acc, // the product past the outermost dim is never a stride
+                // The product past the outermost dim is no stride; `new` refuses the array
+                // (its length overflows) with its own message.
+                None if d == 0 => acc,
                 None => return Err(Error::invalid("the array's size overflows")),
             };
         }

@@ -247,8 +247,10 @@ impl PackExecutor {
         self.copy_in_pieces(src, dst, pieces(src.len(), self.threads(), MIN_CHUNK))
     }
 
-    /// Copies `src` into `dst` split into `pieces` chunks (clamped to `1..=threads()`, cut at
-    /// 64-byte boundaries), however short, on as many threads; returns when all are copied.
+    /// Copies `src` into `dst` split into at most `pieces` chunks (clamped to `1..=threads()`;
+    /// cut at 64-byte boundaries, so none is shorter than 64 bytes but the last, whatever the
+    /// executor's minimum chunk), one per thread; returns when all are copied (the caller
+    /// takes chunks no worker has started, so `pieces` bounds the threads used).
     /// [`PackExecutor::copy`] chooses the split itself; this one is for a copy that must use
     /// a given number of threads, such as a ceiling for other work split that way (the halo
     /// bench's memcpy against [`HaloPacker::host_job_threads`]).
