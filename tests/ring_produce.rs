@@ -533,12 +533,18 @@ fn produce_timeout_bounds_the_wait_for_an_upload(device: Device) {
 /// the moment the slot was reserved, the timeout had passed before the wait began.
 fn produce_timeout_counts_only_the_wait_on_the_consumers(device: Device) {
     let data = items(4, SLOT);
+    // Under compute-sanitizer (the GPU run's memcheck of this file) CUDA calls are many times
+    // slower: the submission and the timeout grow together, keeping the timeout under it.
+    let scale = if std::env::var("CUFERRY_UNDER_SANITIZER").as_deref() == Ok("1") { 10 } else { 1 };
     let (submitted, slow_done) = std::sync::mpsc::channel();
     let mut inner = StreamTransferBackend::new(device, false).unwrap();
     inner.allocate_host_slots(2, SLOT).unwrap();
     inner.allocate_device_slots(2, SLOT).unwrap();
-    let backend =
-        FlakyBackend::new(inner, usize::MAX).slow_submissions(3, Duration::from_millis(150), submitted);
+    let backend = FlakyBackend::new(inner, usize::MAX).slow_submissions(
+        3,
+        Duration::from_millis(150 * scale),
+        submitted,
+    );
     let ring = SlotRing::with_backend(Box::new(backend)).unwrap();
     let consumer = Stream::new(device).unwrap();
     // Two items through, the second's upload and release queued behind the consumer's work
@@ -566,7 +572,8 @@ fn produce_timeout_counts_only_the_wait_on_the_consumers(device: Device) {
             gate.open();
         });
         let pool = PackExecutor::new(1).unwrap();
-        let done = ring.produce_timeout(&pool, 2, data[..2].iter().map(fill), Duration::from_millis(75));
+        let done =
+            ring.produce_timeout(&pool, 2, data[..2].iter().map(fill), Duration::from_millis(75 * scale));
         assert_eq!(done.into_result().unwrap(), 2, "timed out counting its own publish as a wait");
     });
     for want in 0..2 {
