@@ -424,6 +424,10 @@ fn run_crate<T: Val>(
     packer.set_descriptor_placement(placement).unwrap();
     if let Some(threads) = host_threads {
         packer.set_host_threads(threads);
+        if device.is_host() && packer.buffer_bytes() > 4 << 20 {
+            // The large cases split over every thread asked for (one per 128 KiB past 512 KiB).
+            assert_eq!(packer.host_job_threads(), threads.min(16), "the job is not split as asked");
+        }
     }
     assert_eq!(packer.launches_per_call(), usize::from(packer.buffer_bytes() > 0));
     let stream = packer.stream().clone();
