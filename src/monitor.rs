@@ -13,6 +13,7 @@
 //!   before the change is notified; one that comes after sees the change.
 //! - Every change a waiter may wait for goes through [`Monitor::update`]; changes made through
 //!   [`Monitor::lock`] wake no one.
+//! - A waiter whose condition panics is counted out again as it unwinds.
 //! - A poisoned lock only means a panic elsewhere while holding it; it is taken over as is
 //!   (the users keep their state consistent at every step).
 
@@ -91,13 +92,28 @@ impl<T> Monitor<T> {
             return MonitorGuard(inner);
         }
         inner.waiters += 1;
+        let uncount = UncountOnUnwind(self);
+        // Bound after `uncount`, so a panicking `condition` unlocks (drops) it before
+        // `uncount` takes the lock back to lower the count.
+        let mut inner = inner;
         // Not `Condvar::wait_while`: once the lock is poisoned it returns at the first wake-up
         // (spurious ones included) without checking the condition again.
         while condition(&mut inner.value) {
             inner = self.changed.wait(inner).unwrap_or_else(|e| e.into_inner());
         }
         inner.waiters -= 1;
+        std::mem::forget(uncount);
         MonitorGuard(inner)
+    }
+}
+
+/// Lowers the waiter count of a [`Monitor::wait_while`] whose condition panicked, so that
+/// [`Monitor::update`] stops notifying a waiter that is gone. Forgotten on a normal return.
+struct UncountOnUnwind<'a, T>(&'a Monitor<T>);
+
+impl<T> Drop for UncountOnUnwind<'_, T> {
+    fn drop(&mut self) {
+        self.0.lock().0.waiters -= 1;
     }
 }
 
@@ -164,6 +180,22 @@ mod tests {
         thread::sleep(std::time::Duration::from_millis(50));
         m.update(|v| *v = 2);
         assert_eq!(waiter.join().unwrap(), 2, "wait_while returned with its condition still true");
+    }
+
+    #[test]
+    fn a_panicking_condition_is_counted_out() {
+        let m = Monitor::<u32>::default();
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut calls = 0;
+            drop(m.wait_while(m.lock(), |_| {
+                calls += 1;
+                // True at the first check, so the waiter counts itself; panics at the second.
+                assert!(calls < 2, "condition panicked");
+                true
+            }));
+        }));
+        assert!(caught.is_err());
+        assert_eq!(m.waiters(), 0, "a waiter that panicked out is still counted");
     }
 
     #[test]
