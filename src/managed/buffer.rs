@@ -280,7 +280,9 @@ impl<T: Element> ManagedBuffer<T> {
     }
 
     /// Discards the contents (no migration of stale pages), queued on `stream`. On the host
-    /// backend the bytes become [`DISCARDED_BYTE`](super::DISCARDED_BYTE).
+    /// backend the bytes become [`DISCARDED_BYTE`](super::DISCARDED_BYTE); on CUDA only the
+    /// whole CPU pages inside the buffer are discarded (the partial pages at its ends, which
+    /// other allocations may share, keep their bytes).
     ///
     /// # Safety
     ///

@@ -16,6 +16,12 @@
 //!   batched calls need `concurrentManagedAccess` on every device of the machine; where one
 //!   lacks it, a prefetch of 2 to 7 ranges is a loop of `cudaMemPrefetchAsync` on the
 //!   caller's stream instead, and a discard is [`Error::Unsupported`].
+//! - On CUDA a discard takes only the whole CPU pages inside each merged range. CUDA does not
+//!   say how it treats part of a page, and its driver migrates whole pages: a discard of part
+//!   of one could take the page's other bytes, another allocation's, with it. The bytes of a
+//!   partial page keep their contents (one valid "indeterminate" outcome), and
+//!   [`discard_and_prefetch_all`] prefetches them. The host backend poisons exactly the bytes
+//!   asked for.
 //! - Advice is checked as CUDA checks it, on the host backend too: accessed-by advice names a
 //!   device or the host (not a NUMA node), and no location names a negative NUMA node.
 //! - Queued operations are ordered with every range's buffer (use tracking), so a prefetch runs
@@ -139,15 +145,14 @@ enum PrefetchPlan {
 }
 
 impl PrefetchPlan {
-    /// The plan for `ranges` merged ranges; `batch_allowed`: every device of the machine has
-    /// `concurrentManagedAccess` (a discard has been refused before otherwise).
-    fn choose(ranges: usize, discard: bool, batch_allowed: bool) -> PrefetchPlan {
-        match (discard, ranges) {
-            (true, _) => PrefetchPlan::Batch,
-            (false, 1) => PrefetchPlan::Single,
-            (false, n) if n >= FAN_OUT_MIN_RANGES => PrefetchPlan::FanOut,
-            (false, _) if batch_allowed => PrefetchPlan::Batch,
-            (false, _) => PrefetchPlan::Loop,
+    /// The plan for a prefetch of `ranges` merged ranges; `batch_allowed`: every device of
+    /// the machine has `concurrentManagedAccess`. (Discards always take one batched call.)
+    fn choose(ranges: usize, batch_allowed: bool) -> PrefetchPlan {
+        match ranges {
+            1 => PrefetchPlan::Single,
+            n if n >= FAN_OUT_MIN_RANGES => PrefetchPlan::FanOut,
+            _ if batch_allowed => PrefetchPlan::Batch,
+            _ => PrefetchPlan::Loop,
         }
     }
 }
@@ -187,6 +192,37 @@ fn first_shared_page(groups: &[Vec<(usize, usize)>], page: usize) -> Option<usiz
     // interval overlapping a later one overlaps its successor in start order too.
     all.sort_unstable();
     all.windows(2).find(|w| w[1].0 < w[0].1).map(|w| w[1].0)
+}
+
+/// A byte span: start address and length.
+type Span = (*mut u8, usize);
+
+/// Splits each span into the whole pages of `page` bytes (a power of two) inside it and the
+/// pieces of partial pages at its ends: `(whole, partial)`, both in span order. A span inside
+/// one page, or across the boundary of two without covering either, is all partial.
+fn split_at_pages(spans: &[Span], page: usize) -> (Vec<Span>, Vec<Span>) {
+    let (mut whole, mut partial) = (Vec::new(), Vec::new());
+    for &(p, n) in spans {
+        let address = p as usize;
+        let head = (address.next_multiple_of(page) - address).min(n);
+        let tail = (address + n) % page;
+        if head + tail >= n {
+            // No whole page inside (head + tail == n also when the span ends on the page
+            // boundary that `head` reaches: then tail is 0 and head == n).
+            if n > 0 {
+                partial.push((p, n));
+            }
+            continue;
+        }
+        if head > 0 {
+            partial.push((p, head));
+        }
+        whole.push((p.wrapping_add(head), n - head - tail));
+        if tail > 0 {
+            partial.push((p.wrapping_add(n - tail), tail));
+        }
+    }
+    (whole, partial)
 }
 
 /// The host backend's discard: overwrites the merged spans with [`DISCARDED_BYTE`] in a job
@@ -300,7 +336,8 @@ pub fn prefetch_all(ranges: &[ManagedRange<'_>], location: Location, stream: &St
 }
 
 /// Discards every range and prefetches it to `location` in one batched call (never spread
-/// over helper streams).
+/// over helper streams). On CUDA the partial CPU pages at the ends of the ranges are
+/// prefetched without a discard, by a second call after the first (see the module rules).
 ///
 /// On the host backend the bytes become [`DISCARDED_BYTE`] (see [`discard_all`]).
 ///
@@ -387,10 +424,28 @@ fn prefetch_grouped(items: &[(ManagedRange<'_>, Location)], stream: &Stream, dis
     }
     if discard {
         check_every_device_for_discard(what)?;
+        let raw_stream = stream.cuda_raw()?;
+        // Whole pages are discarded and prefetched in one call; the partial pages at the ends
+        // of ranges (shared, maybe, with other allocations) are only prefetched, after it.
+        let (mut whole, mut partial) = split_batch_at_pages(&batch, page);
+        UseTracker::use_on(stream, &trackers(&ranges), || {
+            // SAFETY: as below. The two calls touch different pages.
+            unsafe {
+                if !whole.ptrs.is_empty() {
+                    enqueue_prefetch(&mut whole, PrefetchPlan::Batch, true, raw_stream)?;
+                }
+                let plan = if partial.ptrs.len() == 1 { PrefetchPlan::Single } else { PrefetchPlan::Batch };
+                if partial.ptrs.is_empty() {
+                    return Ok(());
+                }
+                enqueue_prefetch(&mut partial, plan, false, raw_stream)
+            }
+        })?;
+        return Ok(total);
     }
     let raw_stream = stream.cuda_raw()?;
-    let batch_allowed = discard || device_lacking_concurrent_access()?.is_none();
-    let plan = PrefetchPlan::choose(batch.ptrs.len(), discard, batch_allowed);
+    let batch_allowed = device_lacking_concurrent_access()?.is_none();
+    let plan = PrefetchPlan::choose(batch.ptrs.len(), batch_allowed);
     UseTracker::use_on(stream, &trackers(&ranges), || {
         if plan == PrefetchPlan::FanOut {
             // SAFETY: as below; the caller's stream waits for every helper stream's part.
@@ -398,9 +453,34 @@ fn prefetch_grouped(items: &[(ManagedRange<'_>, Location)], stream: &Stream, dis
         }
         // SAFETY: every range is inside a live allocation whose tracker records this batch,
         // so it is not freed before the stream has run it.
-        unsafe { enqueue_prefetch(&mut batch, plan, discard, raw_stream) }
+        unsafe { enqueue_prefetch(&mut batch, plan, false, raw_stream) }
     })?;
     Ok(total)
+}
+
+/// [`split_at_pages`] over every location group of `batch`: `(whole, partial)` batches, each
+/// keeping the groups that still have ranges (CUDA wants every group non-empty).
+fn split_batch_at_pages(batch: &Batch, page: usize) -> (Batch, Batch) {
+    let empty = || Batch { ptrs: Vec::new(), sizes: Vec::new(), locations: Vec::new(), starts: Vec::new() };
+    let (mut whole, mut partial) = (empty(), empty());
+    for g in 0..batch.starts.len() {
+        let end = batch.starts.get(g + 1).copied().unwrap_or(batch.ptrs.len());
+        let spans: Vec<(*mut u8, usize)> =
+            (batch.starts[g]..end).map(|k| (batch.ptrs[k].cast::<u8>(), batch.sizes[k])).collect();
+        let (w, p) = split_at_pages(&spans, page);
+        for (out, spans) in [(&mut whole, w), (&mut partial, p)] {
+            if spans.is_empty() {
+                continue;
+            }
+            out.starts.push(out.ptrs.len());
+            out.locations.push(batch.locations[g]);
+            for (p, n) in spans {
+                out.ptrs.push(p.cast::<c_void>());
+                out.sizes.push(n);
+            }
+        }
+    }
+    (whole, partial)
 }
 
 /// Sets of at least this many ranges are prefetched over [`HELPER_STREAMS`] streams.
@@ -500,10 +580,12 @@ unsafe fn enqueue_prefetch(
     })
 }
 
-/// Discards every range in one batched call; returns the bytes.
+/// Discards every range in one batched call; returns the bytes of the ranges.
 ///
 /// On the host backend the discarded bytes become [`DISCARDED_BYTE`] (by a job queued on
-/// `stream`), so a read before a write shows in tests; on CUDA they are indeterminate.
+/// `stream`), so a read before a write shows in tests; on CUDA they are indeterminate. On CUDA
+/// the call discards the whole CPU pages inside each range and leaves the partial pages at
+/// its ends as they are (see the module rules); a range inside one page queues nothing.
 ///
 /// # Safety
 ///
@@ -527,9 +609,14 @@ pub unsafe fn discard_all(ranges: &[ManagedRange<'_>], stream: &Stream) -> Resul
         return Ok(total);
     }
     check_every_device_for_discard("discard")?;
+    // Only whole pages: see the module rules.
+    let (whole, _) = split_at_pages(&merged, cpu_page_size());
+    if whole.is_empty() {
+        return Ok(total);
+    }
     let mut batch = Batch {
-        ptrs: merged.iter().map(|(p, _)| p.cast::<c_void>()).collect(),
-        sizes: merged.iter().map(|(_, n)| *n).collect(),
+        ptrs: whole.iter().map(|(p, _)| p.cast::<c_void>()).collect(),
+        sizes: whole.iter().map(|(_, n)| *n).collect(),
         locations: Vec::new(),
         starts: Vec::new(),
     };
@@ -608,15 +695,82 @@ mod tests {
     fn prefetch_plans() {
         use PrefetchPlan::*;
         for allowed in [true, false] {
-            assert_eq!(PrefetchPlan::choose(1, false, allowed), Single);
-            assert_eq!(PrefetchPlan::choose(FAN_OUT_MIN_RANGES, false, allowed), FanOut);
-            assert_eq!(PrefetchPlan::choose(1, true, allowed), Batch);
-            assert_eq!(PrefetchPlan::choose(FAN_OUT_MIN_RANGES, true, allowed), Batch);
+            assert_eq!(PrefetchPlan::choose(1, allowed), Single);
+            assert_eq!(PrefetchPlan::choose(FAN_OUT_MIN_RANGES, allowed), FanOut);
         }
-        assert_eq!(PrefetchPlan::choose(2, false, true), Batch);
-        assert_eq!(PrefetchPlan::choose(FAN_OUT_MIN_RANGES - 1, false, true), Batch);
-        assert_eq!(PrefetchPlan::choose(2, false, false), Loop);
-        assert_eq!(PrefetchPlan::choose(FAN_OUT_MIN_RANGES - 1, false, false), Loop);
+        assert_eq!(PrefetchPlan::choose(2, true), Batch);
+        assert_eq!(PrefetchPlan::choose(FAN_OUT_MIN_RANGES - 1, true), Batch);
+        assert_eq!(PrefetchPlan::choose(2, false), Loop);
+        assert_eq!(PrefetchPlan::choose(FAN_OUT_MIN_RANGES - 1, false), Loop);
+    }
+
+    /// CUDA-side discards take the whole pages inside each span; the partial pages at its
+    /// ends, and spans with no whole page, are left (and prefetched by discard-and-prefetch).
+    #[test]
+    fn spans_split_into_whole_and_partial_pages() {
+        let page = 4096;
+        let at = |a: usize| std::ptr::null_mut::<u8>().wrapping_add(a);
+        let addr = |v: Vec<(*mut u8, usize)>| v.into_iter().map(|(p, n)| (p as usize, n)).collect::<Vec<_>>();
+        let split = |spans: &[(usize, usize)]| {
+            let spans: Vec<(*mut u8, usize)> = spans.iter().map(|&(a, n)| (at(a), n)).collect();
+            let (w, p) = split_at_pages(&spans, page);
+            (addr(w), addr(p))
+        };
+        // Exactly one page; two pages with a head and a tail; inside one page.
+        assert_eq!(split(&[(8192, 4096)]), (vec![(8192, 4096)], vec![]));
+        assert_eq!(split(&[(8000, 8192 + 400)]), (vec![(8192, 8192)], vec![(8000, 192), (16384, 208)]));
+        assert_eq!(split(&[(8200, 100)]), (vec![], vec![(8200, 100)]));
+        // Ending on a boundary without covering a page; across a boundary without covering
+        // either page; starting on a boundary with a tail; empty.
+        assert_eq!(split(&[(8000, 192)]), (vec![], vec![(8000, 192)]));
+        assert_eq!(split(&[(8000, 4096)]), (vec![], vec![(8000, 4096)]));
+        assert_eq!(split(&[(8192, 5000)]), (vec![(8192, 4096)], vec![(12288, 904)]));
+        assert_eq!(split(&[(8192, 0)]), (vec![], vec![]));
+        // Against a byte-by-byte model over random spans: every byte is in exactly one piece,
+        // whole pieces are whole pages, and partial pieces hold no whole page.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |m: usize| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % m as u64) as usize
+        };
+        for _ in 0..2000 {
+            let (a, n) = (next(5 * page), next(4 * page));
+            let (whole, partial) = split(&[(a, n)]);
+            for &(p, len) in &whole {
+                assert!(p % page == 0 && len % page == 0 && len > 0, "{a} {n}: {whole:?}");
+            }
+            for &(p, len) in &partial {
+                assert!(len > 0 && p.next_multiple_of(page) + page > p + len, "{a} {n}: {partial:?}");
+            }
+            let mut bytes: Vec<usize> =
+                whole.iter().chain(&partial).flat_map(|&(p, len)| p..p + len).collect();
+            bytes.sort_unstable();
+            assert_eq!(bytes, (a..a + n).collect::<Vec<_>>(), "{a} {n}");
+        }
+    }
+
+    /// Location groups keep their locations, and groups left without ranges are dropped.
+    #[test]
+    fn batches_split_by_group() {
+        let page = 4096;
+        let at = |a: usize| std::ptr::null_mut::<c_void>().wrapping_byte_add(a);
+        let location = |id| crate::sys::cuferry_location { type_: 1, id };
+        let batch = Batch {
+            ptrs: vec![at(100), at(8192), at(20000)],
+            sizes: vec![50, 4096, 10],
+            locations: vec![location(0), location(1)],
+            starts: vec![0, 2],
+        };
+        let (whole, partial) = split_batch_at_pages(&batch, page);
+        assert_eq!((whole.ptrs, whole.sizes, whole.starts), (vec![at(8192)], vec![4096], vec![0]));
+        assert_eq!(whole.locations.iter().map(|l| l.id).collect::<Vec<_>>(), vec![0]);
+        assert_eq!(
+            (partial.ptrs, partial.sizes, partial.starts),
+            (vec![at(100), at(20000)], vec![50, 10], vec![0, 1])
+        );
+        assert_eq!(partial.locations.iter().map(|l| l.id).collect::<Vec<_>>(), vec![0, 1]);
     }
 
     /// Ranges are visited in order, each with the location group it starts in or follows.

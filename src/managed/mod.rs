@@ -19,7 +19,9 @@
 //!   there that still validate their ranges. A discard there overwrites the bytes with
 //!   [`DISCARDED_BYTE`] (CUDA leaves them indeterminate), so reading before writing fails in
 //!   host tests too.
-//! - Discards need `concurrentManagedAccess` on every device of the machine (CUDA's rule).
+//! - Discards need `concurrentManagedAccess` on every device of the machine (CUDA's rule). On
+//!   CUDA they discard only the whole CPU pages inside a range, so a small buffer sharing a
+//!   page with its neighbours is never discarded with them (see `bulk`'s rules).
 
 mod buffer;
 mod bulk;
