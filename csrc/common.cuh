@@ -1,8 +1,8 @@
 // common.cuh: helpers shared by the csrc/*.cu files (internal, not part of the C ABI).
 //
 // Rules: every CUDA call's result goes through cf_check(), which clears the thread's last
-// error on failure (rule 3 of cuferry_cuda.h); CF_TRY returns the first failure. Kernels are
-// launched with cf_launch, never <<<>>>: a launch reports its own status.
+// error when a failure set it (rule 3 of cuferry_cuda.h); CF_TRY returns the first failure.
+// Kernels are launched with cf_launch, never <<<>>>: a launch reports its own status.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,9 +11,13 @@
 
 #include "cuferry_cuda.h"
 
-// Converts a CUDA result to a cuferry_status, clearing the thread's last error when it failed.
+// Converts a CUDA result to a cuferry_status, clearing the thread's last error when it failed
+// and the last error is this failure. A call that failed without setting the last error (a
+// query answering cudaErrorNotReady may not set it) leaves another library's pending error
+// where it was, instead of taking it away unseen; a failure that set it overwrote any earlier
+// one, as CUDA defines, and is cleared.
 static inline cuferry_status cf_check(cudaError_t err) {
-  if (err != cudaSuccess) {
+  if (err != cudaSuccess && cudaPeekAtLastError() == err) {
     (void)cudaGetLastError();
   }
   return static_cast<cuferry_status>(err);

@@ -6,8 +6,9 @@
  *     when a CUDA call failed, or a negative CUFERRY_STATUS_* code for cuferry's own checks.
  *  2. It never throws and never aborts; out-parameters are written only on success.
  *  3. A failed CUDA call's error is cleared from the thread's "last error" before returning
- *     (cudaGetLastError), so one failure never poisons the next call. Sticky errors (a kernel
- *     fault) stay reported by CUDA itself on every later call, as CUDA defines.
+ *     (cudaGetLastError), so one failure never poisons the next call; a failure that did not
+ *     set the last error leaves it as it was (another library's pending error stays). Sticky
+ *     errors (a kernel fault) stay reported by CUDA itself on every later call, as CUDA defines.
  *  4. Functions that create or allocate take the device ordinal and make it current first.
  *  5. Handles are opaque pointers: cuferry_stream is a cudaStream_t, cuferry_event a cudaEvent_t.
  *  6. Function names start with cuferry_cuda_: the public C ABI (include/cuferry.h, exported by

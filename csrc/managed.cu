@@ -33,7 +33,6 @@ cuferry_status cuferry_cuda_managed_pool_create(int32_t device, int32_t prefer_d
   if (s != CUFERRY_STATUS_SUCCESS) {
     // Left alive, not destroyed: managed pools are never destroyed (src/managed/pool.rs, a
     // driver crash in cuMemPoolDestroy). This pool was never allocated from; it leaks.
-    (void)cudaGetLastError();
     return s;
   }
   *pool = reinterpret_cast<cuferry_mem_pool>(p);
