@@ -52,7 +52,9 @@ fn main() {
             }
             println!(
                 "cargo:warning=cuferry: building the host backend only: {reason}. Run \
-                 scripts/install-cuda-toolkit.sh or set NVCC/CUDA_HOME for the CUDA backend."
+                 scripts/install-cuda-toolkit.sh (which makes the next build look again) or set \
+                 NVCC/CUDA_HOME for the CUDA backend; after installing a toolkit another way, run \
+                 `cargo clean -p cuferry`."
             );
             build_absent(&csrc, reason);
         }

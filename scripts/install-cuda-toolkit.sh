@@ -59,4 +59,7 @@ if [ ! -x "$cuda_home/bin/nvcc" ]; then
   exit 1
 fi
 "$cuda_home/bin/nvcc" --version | tail -n 2 >&2
+# A build made before this install is host-only, and cargo does not watch the toolkit folder:
+# touching build.rs makes the next build look for nvcc again (and find this one).
+touch "$repo/build.rs"
 echo "$cuda_home"

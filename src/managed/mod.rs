@@ -3,8 +3,9 @@
 //!
 //! The seed compiled a `cudaMallocManaged` allocator at run time and looped over a module's
 //! tensors one prefetch or advise call at a time. Here:
-//! - [`ManagedPool`] allocates from a managed memory pool (`cudaMallocFromPoolAsync`, ~1.4 us
-//!   per alloc+free against ~26.5 us for `cudaMallocManaged`+`cudaFree`, measured on an H100),
+//! - [`ManagedPool`] allocates from a managed memory pool (`cudaMallocFromPoolAsync`, 1.3-2.4 us
+//!   per 1 MiB alloc+free against 18-29 us for `cudaMallocManaged`+`cudaFree`, 11-13.5x, in
+//!   the H100 runs of 2026-11-22 and 23),
 //!   falling back to `cudaMallocManaged` only where the driver refuses managed pools.
 //! - [`ManagedBuffer`] frees in stream order after all its uses and orders its uses like every
 //!   cuferry buffer.
