@@ -447,9 +447,52 @@ fn discard_and_prefetch_then_write(device: Device) {
     assert_eq!(host_b[400], pattern_value(2, 400));
 }
 
+/// Discards spanning many whole pages, with partial pages at both ends (on CUDA only the
+/// whole pages are discarded: the small buffers above may not reach one): the bytes outside
+/// the ranges stay, and the ranges written again hold what was written.
+fn discard_whole_pages_of_large_buffers(device: Device) {
+    let pool = pool(device);
+    if !device.is_host() && !pool.capabilities().concurrent_managed_access {
+        common::skip_missing(&format!("discard needs concurrentManagedAccess, which {device} lacks"));
+        return;
+    }
+    let stream = Stream::new(device).unwrap();
+    let n = 1 << 16; // 256 KiB each
+    let part = 1000..41_000; // 160,000 bytes: dozens of whole 4 KiB pages, partial ones at the ends
+    let mut a = pool.alloc::<u32>(n, &stream).unwrap();
+    let mut b = pool.alloc::<u32>(n, &stream).unwrap();
+    fill_pattern_u32(&stream, &mut a, 3).unwrap();
+    fill_pattern_u32(&stream, &mut b, 4).unwrap();
+    // SAFETY: both parts are written again below before they are read; no slice is alive.
+    let discarded = unsafe { discard_all(&[a.subrange(part.clone()).unwrap()], &stream) }.unwrap();
+    assert_eq!(discarded, 4 * part.len());
+    // SAFETY: as above.
+    let moved = unsafe {
+        discard_and_prefetch_all(&[b.subrange(part.clone()).unwrap()], Location::of(device), &stream)
+    }
+    .unwrap();
+    assert_eq!(moved, 4 * part.len());
+    for (k, buf) in [(3, &mut a), (4, &mut b)] {
+        let host = buf.as_slice().unwrap();
+        for (i, &v) in host.iter().enumerate().filter(|(i, _)| !part.contains(i)) {
+            assert_eq!(v, pattern_value(k, i), "element {i} outside the discarded part changed");
+        }
+        if device.is_host() {
+            let poisoned = u32::from_ne_bytes([DISCARDED_BYTE; 4]);
+            assert!(host[part.clone()].iter().all(|&v| v == poisoned));
+        }
+        buf.as_mut_slice().unwrap()[part.clone()].iter_mut().for_each(|v| *v = 7 * k);
+        let expected: u64 = (0..n)
+            .map(|i| if part.contains(&i) { u64::from(7 * k) } else { u64::from(pattern_value(k, i)) })
+            .sum();
+        assert_eq!(sum_u32(&stream, buf).unwrap(), expected, "written again after the discard");
+    }
+}
+
 on_both_backends! {
     discard_keeps_the_bytes_around_the_range => discard_keeps_the_bytes_around_the_range;
     discard_and_prefetch_then_write => discard_and_prefetch_then_write;
+    discard_whole_pages_of_large_buffers => discard_whole_pages_of_large_buffers;
     stats_and_reuse => stats_and_reuse;
     concurrent_threads => concurrent_threads;
     bad_arguments => bad_arguments;
