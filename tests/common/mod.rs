@@ -11,15 +11,18 @@ use std::process::Command;
 use cuferry::Device;
 
 /// The folder of an up-to-date libcuferry.so: `$CUFERRY_CDYLIB_DIR` (the GPU bundle), else
-/// built here by `cargo build --lib` in its own target dir (target/cdylib): `cargo test` builds
-/// the library only as an rlib, and a nested build into the tests' own target dir could
-/// replace artifacts that later test steps (doctests) link against.
+/// built here by `cargo build --lib` in its own target dir (`cdylib/` under `$CARGO_TARGET_DIR`
+/// when set, else under `target/`): `cargo test` builds the library only as an rlib, and a
+/// nested build into the tests' own target dir could replace artifacts that later test steps
+/// (doctests) link against.
 pub fn cdylib_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("CUFERRY_CDYLIB_DIR") {
         return PathBuf::from(dir);
     }
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let target = manifest.join("target/cdylib");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(|dir| manifest.join(dir).join("cdylib"))
+        .unwrap_or_else(|| manifest.join("target/cdylib"));
     let status = Command::new(env!("CARGO"))
         .args(["build", "--lib", "--quiet", "--manifest-path"])
         .arg(manifest.join("Cargo.toml"))
