@@ -82,6 +82,12 @@
  *   `CUFERRY_MANAGED_MAX_BATCH` ranges.
  * - Device -1 is the host backend's pool (plain host memory; prefetch to the host and advice
  *   are no-ops there).
+ * - A device's pool is made on its first managed call with flags 0 (on CUDA a managed memory
+ *   pool, stream-ordered; the `cudaMallocManaged` fallback where the driver refuses those) and
+ *   no size limit, or before that by `cuferry_managed_pool_configure` with other options
+ *   (`CUFERRY_MANAGED_POOL_MALLOC_MANAGED` for memory that takes advice where the driver
+ *   refuses advice on managed-pool memory, as the H100's driver 580.159 does). It is never
+ *   replaced: configuring it again with other options is refused.
  * - The allocator pair runs with `device` current (a NULL stream is the legacy stream of the
  *   current device) and makes the caller's current device current again before returning.
  *   Prefetches on the legacy stream likewise run with the memory's device current.
@@ -191,6 +197,20 @@
  * taken for garbage).
  */
 #define CUFERRY_MANAGED_MAX_BATCH 16777216
+
+/**
+ * [`cuferry_managed_pool_configure`] flag: allocate with `cudaMallocManaged` even where CUDA
+ * managed memory pools work. Such memory takes `cuferry_managed_advise` on drivers that
+ * refuse advice on managed-pool memory (the H100's driver 580.159 does); allocations are not
+ * stream-ordered (`cudaFree` waits for the device).
+ */
+#define CUFERRY_MANAGED_POOL_MALLOC_MANAGED 1
+
+/**
+ * [`cuferry_managed_pool_configure`] flag: a CUDA managed memory pool with no preferred
+ * location (default: the device). `cudaMallocManaged` memory has none anyway.
+ */
+#define CUFERRY_MANAGED_POOL_NO_PREFERRED_LOCATION 2
 
 /**
  * Result of a C ABI call.
@@ -733,6 +753,33 @@ enum CuferryStatus cuferry_managed_pool_stats(int32_t device, struct CuferryPool
  * `kind` is NULL or valid for writing an `int32_t`.
  */
 enum CuferryStatus cuferry_managed_pool_kind(int32_t device, int32_t *kind);
+
+/**
+ * Makes `device`'s managed pool (the one every `cuferry_managed_*` call on that device uses)
+ * with these options, before its first use: `flags` is 0 or an OR of
+ * `CUFERRY_MANAGED_POOL_*` bits, `max_size` the most bytes the pool may reserve (0: no limit;
+ * past it an allocation fails as one out of memory does). Without this call the pool is made
+ * on the device's first managed call (`cuferry_managed_malloc`, `_pool_stats`, `_pool_kind`,
+ * prefetch or advice of managed memory on the device, cuferry's or not) with flags 0 and no
+ * limit.
+ *
+ * Called again with the same options it does nothing and succeeds. Once the pool exists with
+ * other options, it fails with `CUFERRY_STATUS_INVALID_ARGUMENT`, and the message names the
+ * existing pool's kind and options: a pool is never replaced (allocations may live in it).
+ * The options compared are those asked for, not the outcome: a pool asked with flags 0 that
+ * fell back to `cudaMallocManaged` still refuses `CUFERRY_MANAGED_POOL_MALLOC_MANAGED`.
+ *
+ * On the host backend (`CUFERRY_HOST`) the pool is plain host memory: the flags are accepted
+ * and ignored (code written for a GPU runs there unchanged), only `max_size` counts. On CUDA,
+ * a limit with flags 0 where the driver refuses managed pools is `CUFERRY_STATUS_UNSUPPORTED`
+ * (`cudaMallocManaged` could not keep to it: pass `CUFERRY_MANAGED_POOL_MALLOC_MANAGED`,
+ * with which cuferry counts live bytes against it). A pool that could not be made is not
+ * kept: the call may be retried. Unknown flag bits, a device past the last or below -1 are
+ * `CUFERRY_STATUS_INVALID_ARGUMENT`. The caller's current device is restored.
+ */
+enum CuferryStatus cuferry_managed_pool_configure(int32_t device,
+                                                  uint32_t flags,
+                                                  uint64_t max_size);
 
 /**
  * Creates a ring of `depth` slots of `slot_bytes` bytes on `device` in `*out`, with

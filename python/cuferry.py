@@ -20,6 +20,9 @@ Rules:
   `Buffer` where a `Stream` goes) raises TypeError: to C every handle is a plain pointer.
 - Errors pickle and copy with their status, name, message and `published`.
 - Device -1 (`HOST`) is the host backend: everything runs without a GPU.
+- `Ring.produce` streams: it pulls its items in batches of about the ring's size and hands
+  each to the library without copying it first, so an item's memory must stay unchanged
+  until its batch is published; every exception it raises carries `published`.
 - Halo packers (`Library.halo_packer`) take `HaloExchange` descriptions and `Buffer`s from
   `device_buffer`, one per exchange; a description is checked here (dims, negative values,
   ranges of step 1) and then by the library, whose message names the problem.
@@ -30,7 +33,9 @@ Rules:
   constant in lower case ("set_read_mostly", ...). A `ManagedAllocation` is freed once, in
   order on its stream (the legacy default stream once that `Stream` is freed, which then
   waits for its work); the C free returns no status, so a failed free only sets the
-  library's last error message.
+  library's last error message. A device's pool is made on its first managed call with the
+  defaults, or before that by `Library.managed_pool_configure` (`use_malloc_managed=True` for
+  memory that takes advice where the driver refuses it on managed-pool memory).
 
 Example (host backend; pass 0 for the first CUDA device):
 
@@ -43,6 +48,7 @@ Example (host backend; pass 0 for the first CUDA device):
         lib.copy(s, dev, back, 4)
         assert back.read(4) == b"abcd"         # read waits for the copy
 """
+import bisect
 import ctypes
 import math
 import os
@@ -425,6 +431,24 @@ class Library:
         self.call("cuferry_managed_pool_kind", device, ctypes.byref(kind))
         return {0: "host", 1: "managed_pool", 2: "malloc_managed"}[kind.value]
 
+    def managed_pool_configure(self, device, use_malloc_managed=False, max_size=0, prefer_device=True):
+        """Makes `device`'s managed pool (`cuferry_managed_pool_configure`) before its first
+        use: `use_malloc_managed` for `cudaMallocManaged` allocations, which take `advise`
+        where the driver refuses advice on managed-pool memory (the H100's driver 580.159
+        does; not stream-ordered); `max_size` the most bytes it may hold (0: no limit);
+        `prefer_device` False for a managed pool with no preferred location. Without it the
+        device's first managed call (`managed_alloc`, `pool_stats`, `pool_kind`, ...) makes the
+        pool with the defaults. The same options again succeed; other options once the pool
+        exists raise `CuferryError` (INVALID_ARGUMENT) naming the existing pool. On HOST only
+        `max_size` counts (the other two are accepted and ignored)."""
+        for what, value in (("use_malloc_managed", use_malloc_managed), ("prefer_device", prefer_device)):
+            if not isinstance(value, bool):
+                raise ValueError(f"managed_pool_configure: {what} is {value!r}, not a bool")
+        c = self.const
+        flags = (c.CUFERRY_MANAGED_POOL_MALLOC_MANAGED if use_malloc_managed else 0) | (
+            0 if prefer_device else c.CUFERRY_MANAGED_POOL_NO_PREFERRED_LOCATION)
+        self.call("cuferry_managed_pool_configure", device, flags, max_size)
+
 
 def load(library_path=None, header_path=None):
     """Loads libcuferry. Defaults: $CUFERRY_LIB, else target/release/libcuferry.so of the
@@ -640,6 +664,89 @@ class RingItem(_Owned):
         self.release()
 
 
+class _PyBuffer(ctypes.Structure):
+    """CPython's `Py_buffer` (the buffer protocol's view of an object's memory)."""
+
+    _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p), ("len", ctypes.c_ssize_t),
+                ("itemsize", ctypes.c_ssize_t), ("readonly", ctypes.c_int), ("ndim", ctypes.c_int),
+                ("format", ctypes.c_void_p), ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
+                ("suboffsets", ctypes.c_void_p), ("internal", ctypes.c_void_p)]
+
+
+def _buffer_api():
+    """(PyObject_GetBuffer, PyBuffer_Release) as prototypes of our own (the shared
+    `ctypes.pythonapi` functions keep their signatures), or None where the interpreter has no
+    C API to call (items are then copied)."""
+    api = getattr(ctypes, "pythonapi", None)
+    if api is None or not hasattr(api, "PyObject_GetBuffer"):
+        return None
+    get = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int)
+    release = ctypes.PYFUNCTYPE(None, ctypes.POINTER(_PyBuffer))
+    return get(("PyObject_GetBuffer", api)), release(("PyBuffer_Release", api))
+
+
+_BUFFER_API = _buffer_api()
+_PYBUF_SIMPLE = 0  # contiguous bytes, no format: what the copy reads
+
+
+class _Sources:
+    """The memory of a batch of ring items, read in place: each item's buffer is held
+    (`PyObject_GetBuffer`, so it can be neither freed nor resized) until `release`, which runs
+    only once the library call reading it has returned. A buffer that is not C-contiguous is
+    copied into bytes first."""
+
+    def __init__(self):
+        self.addresses, self.lengths, self.bytes = [], [], 0
+        self._views, self._kept = [], []
+        self._writable = []  # (start, end, item index) of writable items, sorted
+
+    def add(self, data, index, slot_bytes):
+        """Adds item `index`'s `data` (bytes-like, at most `slot_bytes`)."""
+        try:
+            address, length, writable = self._view(data)
+        except (BufferError, ValueError):
+            # Not C-contiguous (numpy says ValueError): copied, in C order.
+            data = memoryview(data).tobytes()
+            address, length, writable = self._view(data)
+        except TypeError as e:
+            raise TypeError(f"produce: item {index}'s data is a {type(data).__name__}, not bytes-like") from e
+        if length > slot_bytes:
+            raise ValueError(f"produce: item {index} of {length} bytes does not fit a slot of {slot_bytes} bytes")
+        if writable and length:
+            # A refilled buffer shows as two items of one batch sharing memory: the first one's
+            # bytes are already gone, so refuse rather than publish the second's twice. The
+            # ranges kept are disjoint and sorted: only the neighbours can overlap.
+            end = address + length
+            at = bisect.bisect(self._writable, (address,))
+            for start, stop, other in self._writable[max(0, at - 1):at + 1]:
+                if address < stop and start < end:
+                    raise ValueError(
+                        f"produce: items {other} and {index} share writable memory (one buffer refilled "
+                        "for the next item?): yield a new buffer per item, or bytes(buffer)")
+            self._writable.insert(at, (address, end, index))
+        self.addresses.append(address)
+        self.lengths.append(length)
+        self.bytes += length
+
+    def _view(self, data):
+        """(address, length, writable) of `data`'s memory, held until `release`."""
+        if _BUFFER_API is None:
+            data = bytes(memoryview(data))
+            pointer = ctypes.c_char_p(data)
+            self._kept.append((data, pointer))
+            return ctypes.cast(pointer, ctypes.c_void_p).value, len(data), False
+        view = _PyBuffer()
+        _BUFFER_API[0](data, ctypes.byref(view), _PYBUF_SIMPLE)
+        self._views.append(view)
+        return view.buf, view.len, not view.readonly
+
+    def release(self):
+        """Lets go of every buffer held; idempotent."""
+        views, self._views, self._kept = self._views, [], []
+        for view in views:
+            _BUFFER_API[1](ctypes.byref(view))
+
+
 class Ring(_Handle):
     """The slot ring (`cuferry_ring_create`): producers fill slots, consumers take them in
     order on their streams. Methods may be called from several threads, `free()` included."""
@@ -650,7 +757,7 @@ class Ring(_Handle):
         out = ctypes.c_void_p()
         lib.call("cuferry_ring_create", device, depth, slot_bytes, fill_threads, ctypes.byref(out))
         super().__init__(lib, out)
-        self.slot_bytes = slot_bytes
+        self.depth, self.slot_bytes = depth, slot_bytes
         self._calls = 0
         self._closing = False
         self._idle = threading.Condition()
@@ -700,32 +807,78 @@ class Ring(_Handle):
         self._call("cuferry_ring_acquire", _micros(timeout), ctypes.byref(slot), ctypes.byref(ptr))
         return RingSlot(self.lib, slot, ptr.value, self.slot_bytes)
 
+    # Items gathered for one library call at most: bounds the arrays and the calls' overhead
+    # for small items (their bytes are bounded by the ring's size, see `produce`).
+    _BATCH_ITEMS = 1024
+
     def produce(self, items, in_flight=None, timeout=None):
         """Publishes `items`, (sequence, bytes-like) pairs, in order, filling up to `in_flight`
-        slots at once (default: all; 0 counts as 1) on the fill threads, and returns how many
-        it published (all of them). A wait for a free slot gives up after `timeout` seconds
-        (`Timeout`, or `WouldBlock` for 0; default: waits for good). On any error from the
-        library the items published are the first `e.published` (an attribute of the
-        exception): resume from there. A sequence that is not an unsigned 64-bit int raises
-        ValueError before anything is published."""
-        items = [(_uint(seq, 64, f"produce: the sequence of item {i}"), bytes(data))
-                 for i, (seq, data) in enumerate(items)]
-        n = len(items)
-        if n == 0:
-            return 0
-        sources = [ctypes.create_string_buffer(data, len(data)) for _, data in items]
-        seqs = (ctypes.c_uint64 * n)(*(seq for seq, _ in items))
-        ptrs = (ctypes.c_void_p * n)(*(ctypes.addressof(s) for s in sources))
-        lens = (ctypes.c_size_t * n)(*(len(data) for _, data in items))
-        published = ctypes.c_uint64(0)
-        args = (seqs, ptrs, lens, n, n if in_flight is None else in_flight, _micros(timeout),
-                ctypes.byref(published))
+        slots at once (default: the ring's depth; 0 counts as 1) on the fill threads, and
+        returns how many it published (all of them). A wait for a free slot gives up after
+        `timeout` seconds (`Timeout`, or `WouldBlock` for 0; default: waits for good).
+
+        `items` is read as it goes, in batches handed to the library one call at a time: a batch
+        holds up to about the ring's size in bytes (`depth * slot_bytes`, at most 1024 items),
+        so a generator is not drained ahead of the consumers and its items are not all held at
+        once. Data is any object of the buffer protocol (bytes, bytearray, memoryview, array,
+        a NumPy array; not a str or a list of ints), read in place, not copied first (a buffer
+        that is not C-contiguous is copied): leave an item's memory unchanged until its batch
+        is published, that is until `produce` returns or asks `items` for an item of a later
+        batch. A generator that refills one writable buffer for its next item is refused
+        (ValueError) when two items of a batch share memory: yield a new buffer per item, or
+        `bytes(buf)`.
+
+        Whatever is raised, the items published are the first `e.published` (an attribute of
+        the exception), across batches: errors of the library (`CuferryError`), of `items`
+        itself (anything its iterator raises), and ValueError or TypeError for an item that
+        cannot be sent (a sequence that is not an unsigned 64-bit int, data that is not
+        bytes-like or larger than a slot). The items of the batch being gathered when such an
+        item or an error of `items` turns up are not published: `e.published` may be less
+        than the items pulled, and a one-shot iterator resumes from index `e.published`, not
+        from where it stopped."""
+        total = 0
+        batch = ctypes.c_uint64(0)  # published by the batch in progress: the library writes it
         try:
-            self._call("cuferry_ring_produce_timeout", *args)
-        except CuferryError as e:
-            e.published = published.value
+            ahead = self.depth if in_flight is None else _uint(in_flight, _SIZE_BITS, "produce: in_flight")
+            micros = _micros(timeout)
+            self._live()
+            iterator = iter(items)
+            while True:
+                more = self._produce_batch(iterator, total, ahead, micros, batch)
+                total, batch.value = total + batch.value, 0
+                if not more:
+                    return total
+        except BaseException as e:
+            e.published = total + batch.value
             raise
-        return published.value
+
+    def _produce_batch(self, iterator, first, ahead, micros, published):
+        """Pulls the next batch from `iterator` (item indices from `first`) and publishes it,
+        the count published in `published` (a `c_uint64` the library writes on every path);
+        returns whether `iterator` may hold more. The items' memory is let go before return."""
+        limit = max(1, self.depth * self.slot_bytes)
+        sources = _Sources()
+        seqs, more = [], True
+        try:
+            while sources.bytes < limit and len(seqs) < self._BATCH_ITEMS:
+                try:
+                    seq, data = next(iterator)
+                except StopIteration:
+                    more = False
+                    break
+                i = first + len(seqs)
+                seqs.append(_uint(seq, 64, f"produce: the sequence of item {i}"))
+                sources.add(data, i, self.slot_bytes)
+            n = len(seqs)
+            if n == 0:
+                return False
+            args = ((ctypes.c_uint64 * n)(*seqs), (ctypes.c_void_p * n)(*sources.addresses),
+                    (ctypes.c_size_t * n)(*sources.lengths), n, ahead, micros, ctypes.byref(published))
+            self._call("cuferry_ring_produce_timeout", *args)
+            return more
+        finally:
+            # The call returned, so every copy from the items is done (its contract).
+            sources.release()
 
     def next(self, stream, timeout=None):
         """The next published item in order, ready for work queued on `stream` (`Closed` once

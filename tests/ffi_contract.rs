@@ -280,3 +280,33 @@ fn managed_free_of_null_is_a_no_op() {
     unsafe { cuferry_managed_free(ptr::null_mut(), 0, CUFERRY_HOST, ptr::null_mut()) };
     assert_eq!(message(), before);
 }
+
+/// `cuferry_managed_pool_configure` on the host pool: the options it was made with (the
+/// defaults here, whether this test or another made it) succeed again, flags are ignored there,
+/// and other options once it exists are refused with a message naming the pool. Bad flags and
+/// devices are refused before any pool is looked at.
+#[test]
+fn managed_pool_configure_keeps_the_first_options() {
+    let message = || {
+        // SAFETY: the message is a NUL-terminated string owned by this thread.
+        unsafe { CStr::from_ptr(cuferry_last_error_message()) }.to_string_lossy().into_owned()
+    };
+    // Other tests of this process make the host pool on first use, with the defaults.
+    assert_eq!(cuferry_managed_pool_configure(CUFERRY_HOST, 0, 0), CuferryStatus::Ok);
+    let mut kind = -1;
+    // SAFETY: a writable out-parameter.
+    assert_eq!(unsafe { cuferry_managed_pool_kind(CUFERRY_HOST, &mut kind) }, CuferryStatus::Ok);
+    assert_eq!(kind, 0);
+    assert_eq!(cuferry_managed_pool_configure(CUFERRY_HOST, 0, 0), CuferryStatus::Ok);
+    let all = CUFERRY_MANAGED_POOL_MALLOC_MANAGED | CUFERRY_MANAGED_POOL_NO_PREFERRED_LOCATION;
+    assert_eq!(cuferry_managed_pool_configure(CUFERRY_HOST, all, 0), CuferryStatus::Ok, "{}", message());
+    assert_eq!(cuferry_managed_pool_configure(CUFERRY_HOST, 0, 1 << 20), CuferryStatus::InvalidArgument);
+    let refused = message();
+    assert!(refused.contains("already exists") && refused.contains("host memory"), "{refused}");
+    assert!(refused.contains("max_size 0") && refused.contains("max_size 1048576"), "{refused}");
+    assert_eq!(cuferry_managed_pool_configure(CUFERRY_HOST, 4, 0), CuferryStatus::InvalidArgument);
+    assert!(message().contains("CUFERRY_MANAGED_POOL_"), "{}", message());
+    for device in [-2, i32::MIN] {
+        assert_eq!(cuferry_managed_pool_configure(device, 0, 0), CuferryStatus::InvalidArgument);
+    }
+}

@@ -15,6 +15,12 @@
 //!   `CUFERRY_MANAGED_MAX_BATCH` ranges.
 //! - Device -1 is the host backend's pool (plain host memory; prefetch to the host and advice
 //!   are no-ops there).
+//! - A device's pool is made on its first managed call with flags 0 (on CUDA a managed memory
+//!   pool, stream-ordered; the `cudaMallocManaged` fallback where the driver refuses those) and
+//!   no size limit, or before that by [`cuferry_managed_pool_configure`] with other options
+//!   (`CUFERRY_MANAGED_POOL_MALLOC_MANAGED` for memory that takes advice where the driver
+//!   refuses advice on managed-pool memory, as the H100's driver 580.159 does). It is never
+//!   replaced: configuring it again with other options is refused.
 //! - The allocator pair runs with `device` current (a NULL stream is the legacy stream of the
 //!   current device) and makes the caller's current device current again before returning.
 //!   Prefetches on the legacy stream likewise run with the memory's device current.
@@ -113,25 +119,37 @@ fn advice_of(advice: i32, location: CuferryLocation) -> Result<Advice> {
     Ok(advice)
 }
 
-/// One pool per device number, made on first use.
-fn pools() -> MutexGuard<'static, HashMap<i32, ManagedPool>> {
-    static POOLS: OnceLock<Mutex<HashMap<i32, ManagedPool>>> = OnceLock::new();
+/// A device's pool and the options it was made with (those of first use, or of
+/// [`cuferry_managed_pool_configure`]).
+struct DevicePool {
+    pool: ManagedPool,
+    options: ManagedPoolOptions,
+}
+
+/// One pool per device number, made on first use or by [`cuferry_managed_pool_configure`].
+fn pools() -> MutexGuard<'static, HashMap<i32, DevicePool>> {
+    static POOLS: OnceLock<Mutex<HashMap<i32, DevicePool>>> = OnceLock::new();
     POOLS.get_or_init(Mutex::default).lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn pool_for(device: i32) -> Result<ManagedPool> {
     let mut pools = pools();
     if let Some(p) = pools.get(&device) {
-        return Ok(p.clone());
+        return Ok(p.pool.clone());
     }
-    // Checked first: a device past the last is INVALID_ARGUMENT, as everywhere in the C ABI,
-    // not the CUDA error of making it current. Making a CUDA pool sets its device current:
-    // the caller's current device is restored.
+    let options = ManagedPoolOptions::default();
+    let pool = make_pool(device, options)?;
+    pools.insert(device, DevicePool { pool: pool.clone(), options });
+    Ok(pool)
+}
+
+/// A new pool for `device`. Checked first: a device past the last is INVALID_ARGUMENT, as
+/// everywhere in the C ABI, not the CUDA error of making it current. Making a CUDA pool sets
+/// its device current: the caller's current device is restored.
+fn make_pool(device: i32, options: ManagedPoolOptions) -> Result<ManagedPool> {
     let checked = device_of(device)?;
     let _scope = device_scope(device)?;
-    let pool = ManagedPool::new(checked, ManagedPoolOptions::default())?;
-    pools.insert(device, pool.clone());
-    Ok(pool)
+    ManagedPool::new(checked, options)
 }
 
 /// Live allocations handed out through the C ABI: address -> (device, bytes).
@@ -470,8 +488,19 @@ pub unsafe extern "C" fn cuferry_managed_advise(
             starts: Vec::new(),
         };
         // SAFETY: the range is live managed memory (checked).
-        unsafe { raw::advise_ranges(&mut batch, value, loc) }
-            .map_err(|e| advice_refused(e, from_managed_pool(ptr)))
+        unsafe { raw::advise_ranges(&mut batch, value, loc) }.map_err(|e| {
+            let pool_memory = from_managed_pool(ptr);
+            match advice_refused(e, pool_memory) {
+                // The Rust remedy it names, then the C ABI's.
+                Error::Unsupported { what } if pool_memory => Error::unsupported(format!(
+                    "{what}; from C, call cuferry_managed_pool_configure(device, \
+                     CUFERRY_MANAGED_POOL_MALLOC_MANAGED, 0) (Python: \
+                     lib.managed_pool_configure(device, use_malloc_managed=True)) before the \
+                     device's first managed call"
+                )),
+                other => other,
+            }
+        })
     })
 }
 
@@ -524,5 +553,96 @@ pub unsafe extern "C" fn cuferry_managed_pool_kind(device: i32, kind: *mut i32) 
         };
         // SAFETY: the caller's contract on `kind`.
         unsafe { write_out(kind, k) }
+    })
+}
+
+/// [`cuferry_managed_pool_configure`] flag: allocate with `cudaMallocManaged` even where CUDA
+/// managed memory pools work. Such memory takes `cuferry_managed_advise` on drivers that
+/// refuse advice on managed-pool memory (the H100's driver 580.159 does); allocations are not
+/// stream-ordered (`cudaFree` waits for the device).
+pub const CUFERRY_MANAGED_POOL_MALLOC_MANAGED: u32 = 1;
+/// [`cuferry_managed_pool_configure`] flag: a CUDA managed memory pool with no preferred
+/// location (default: the device). `cudaMallocManaged` memory has none anyway.
+pub const CUFERRY_MANAGED_POOL_NO_PREFERRED_LOCATION: u32 = 2;
+
+const POOL_FLAGS: u32 = CUFERRY_MANAGED_POOL_MALLOC_MANAGED | CUFERRY_MANAGED_POOL_NO_PREFERRED_LOCATION;
+
+/// The options `cuferry_managed_pool_configure` asks for. On the host backend the flags have no
+/// meaning: they are dropped, so that a host pool's options differ only in `max_size`.
+fn configured_options(device: i32, flags: u32, max_size: u64) -> Result<ManagedPoolOptions> {
+    if flags & !POOL_FLAGS != 0 {
+        return Err(Error::invalid(format!(
+            "pool flags {flags:#x}: use CUFERRY_MANAGED_POOL_* bits ({POOL_FLAGS:#x})"
+        )));
+    }
+    let max_size = usize::try_from(max_size)
+        .map_err(|_| Error::invalid(format!("max_size {max_size} is larger than any pool")))?;
+    let cuda = device != super::CUFERRY_HOST;
+    Ok(ManagedPoolOptions {
+        use_malloc_managed: cuda && flags & CUFERRY_MANAGED_POOL_MALLOC_MANAGED != 0,
+        prefer_device: !cuda || flags & CUFERRY_MANAGED_POOL_NO_PREFERRED_LOCATION == 0,
+        max_size,
+        ..ManagedPoolOptions::default()
+    })
+}
+
+/// What a pool is, for messages: its kind and the options it was made with.
+fn describe(pool: &DevicePool) -> String {
+    let kind = match pool.pool.kind() {
+        PoolKind::Host => "host memory (the host backend's pool)",
+        PoolKind::ManagedPool => "a CUDA managed memory pool",
+        PoolKind::MallocManaged => "cudaMallocManaged allocations",
+    };
+    let o = &pool.options;
+    format!(
+        "{kind}, made with use_malloc_managed {}, prefer_device {}, max_size {}",
+        o.use_malloc_managed, o.prefer_device, o.max_size
+    )
+}
+
+/// Makes `device`'s managed pool (the one every `cuferry_managed_*` call on that device uses)
+/// with these options, before its first use: `flags` is 0 or an OR of
+/// `CUFERRY_MANAGED_POOL_*` bits, `max_size` the most bytes the pool may reserve (0: no limit;
+/// past it an allocation fails as one out of memory does). Without this call the pool is made
+/// on the device's first managed call (`cuferry_managed_malloc`, `_pool_stats`, `_pool_kind`,
+/// prefetch or advice of managed memory on the device, cuferry's or not) with flags 0 and no
+/// limit.
+///
+/// Called again with the same options it does nothing and succeeds. Once the pool exists with
+/// other options, it fails with `CUFERRY_STATUS_INVALID_ARGUMENT`, and the message names the
+/// existing pool's kind and options: a pool is never replaced (allocations may live in it).
+/// The options compared are those asked for, not the outcome: a pool asked with flags 0 that
+/// fell back to `cudaMallocManaged` still refuses `CUFERRY_MANAGED_POOL_MALLOC_MANAGED`.
+///
+/// On the host backend (`CUFERRY_HOST`) the pool is plain host memory: the flags are accepted
+/// and ignored (code written for a GPU runs there unchanged), only `max_size` counts. On CUDA,
+/// a limit with flags 0 where the driver refuses managed pools is `CUFERRY_STATUS_UNSUPPORTED`
+/// (`cudaMallocManaged` could not keep to it: pass `CUFERRY_MANAGED_POOL_MALLOC_MANAGED`,
+/// with which cuferry counts live bytes against it). A pool that could not be made is not
+/// kept: the call may be retried. Unknown flag bits, a device past the last or below -1 are
+/// `CUFERRY_STATUS_INVALID_ARGUMENT`. The caller's current device is restored.
+#[no_mangle]
+pub extern "C" fn cuferry_managed_pool_configure(device: i32, flags: u32, max_size: u64) -> CuferryStatus {
+    guard(|| {
+        device_of(device)?;
+        let options = configured_options(device, flags, max_size)?;
+        let mut pools = pools();
+        if let Some(existing) = pools.get(&device) {
+            if existing.options == options {
+                return Ok(());
+            }
+            return Err(Error::invalid(format!(
+                "device {device}'s managed pool already exists: {}. It cannot be made again with \
+                 use_malloc_managed {}, prefer_device {}, max_size {}: configure a device's pool \
+                 before its first managed call",
+                describe(existing),
+                options.use_malloc_managed,
+                options.prefer_device,
+                options.max_size
+            )));
+        }
+        let pool = make_pool(device, options)?;
+        pools.insert(device, DevicePool { pool, options });
+        Ok(())
     })
 }

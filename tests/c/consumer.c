@@ -104,6 +104,22 @@ int main(int argc, char **argv) {
     CHECK(pinned_past == NULL);
   }
 
+  /* The device's managed pool made before its first use, with the options first use would
+   * take (flags 0, no limit): the same options again succeed; other options, once it exists,
+   * are refused naming it (on the host the flags are ignored: there a size limit differs). */
+  OK(cuferry_managed_pool_configure(device, 0, 0));
+  OK(cuferry_managed_pool_configure(device, 0, 0));
+  if (device == CUFERRY_HOST) {
+    OK(cuferry_managed_pool_configure(device, CUFERRY_MANAGED_POOL_MALLOC_MANAGED, 0));
+    CHECK(cuferry_managed_pool_configure(device, 0, 1u << 20) == CUFERRY_STATUS_INVALID_ARGUMENT);
+  } else {
+    CHECK(cuferry_managed_pool_configure(device, CUFERRY_MANAGED_POOL_MALLOC_MANAGED, 0) ==
+          CUFERRY_STATUS_INVALID_ARGUMENT);
+  }
+  CHECK(strstr(cuferry_last_error_message(), "already exists") != NULL);
+  CHECK(cuferry_managed_pool_configure(device, 1u << 7, 0) == CUFERRY_STATUS_INVALID_ARGUMENT);
+  CHECK(cuferry_managed_pool_configure(-2, 0, 0) == CUFERRY_STATUS_INVALID_ARGUMENT);
+
   /* Managed memory through the PyTorch allocator pair (stream NULL: the legacy default). */
   const size_t m_bytes = 1u << 20;
   void *m = cuferry_managed_malloc((ssize_t)m_bytes, device, NULL);

@@ -9,11 +9,17 @@ padding included, is compared with a plain loop written here. On the host backen
 bytes are read and the unpack buffer filled by hand, as a receive would. Bad descriptions
 raise ValueError before the library, or the library's message. Managed memory: allocation,
 pool counters, prefetch (single and batched), advice, and the errors for bad locations,
-advice and ranges. Exits non-zero on failure.
+advice and ranges, on the pool the device's first use makes (on CUDA a managed memory pool,
+whose advice the driver may refuse: exactly that refusal is accepted there). Then, since a
+device's pool is made once per process, the script runs itself again with a third argument,
+`configured`: that process configures the pool first (`managed_pool_configure`, with
+`use_malloc_managed` and a size limit) and checks that every advice is taken there, and the
+limit kept. Exits non-zero on failure.
 """
 import ctypes
 import os
 import struct
+import subprocess
 import sys
 import time
 
@@ -23,6 +29,7 @@ import cuferry  # noqa: E402
 lib = cuferry.load(sys.argv[1])
 device = int(sys.argv[2])
 HOST = device == cuferry.HOST
+CONFIGURED = sys.argv[3:] == ["configured"]
 
 
 def raises(kind, call, text=""):
@@ -33,6 +40,44 @@ def raises(kind, call, text=""):
         assert text in str(e), f"{e!r} does not mention {text!r}"
         return e
     raise AssertionError(f"{call} did not raise {kind.__name__}")
+
+
+def configured_pool():
+    """The child process: the device's pool configured before any other managed call, as
+    cudaMallocManaged allocations with a size limit (on HOST only the limit counts). Every
+    advice must be taken there, and the limit kept."""
+    limit, n = 8 << 20, 1 << 20
+    lib.managed_pool_configure(device, use_malloc_managed=True, max_size=limit)
+    lib.managed_pool_configure(device, use_malloc_managed=True, max_size=limit)  # the same: OK
+    kind = lib.pool_kind(device)
+    assert kind == ("host" if HOST else "malloc_managed"), kind
+    e = raises(cuferry.CuferryError, lambda: lib.managed_pool_configure(device, max_size=2 * limit),
+               "already exists")
+    assert e.name == "CUFERRY_STATUS_INVALID_ARGUMENT", e
+    assert ("host memory" if HOST else "cudaMallocManaged") in e.message, e.message
+    here = "host" if HOST else device
+    with lib.stream(device) as stream, lib.managed_alloc(device, n, stream) as m:
+        lib.prefetch(m, n, here, stream)
+        for advice, where in (("set_read_mostly", None), ("unset_read_mostly", None),
+                              ("set_preferred_location", "host"), ("set_preferred_location", here),
+                              ("unset_preferred_location", None), ("set_accessed_by", here),
+                              ("unset_accessed_by", here)):
+            lib.advise(m, n, advice, where)  # no refusal accepted on this pool
+        lib.prefetch(m, n, "host", stream)
+        stream.synchronize()
+        if HOST:
+            ctypes.memmove(m.ptr, b"configured", 10)
+            assert ctypes.string_at(m.ptr, 10) == b"configured"
+        assert lib.pool_stats(device)["used_current"] == n, lib.pool_stats(device)
+        # Past the limit: refused at once, as an allocation out of memory is.
+        e = raises(cuferry.AllocationFailed, lambda: lib.managed_alloc(device, limit, stream), "at most")
+        assert e.status is None, e
+    print("python managed (configured pool) passed")
+
+
+if CONFIGURED:
+    configured_pool()
+    sys.exit(0)
 
 
 # ---- halo ----------------------------------------------------------------------------------
@@ -132,8 +177,42 @@ raises(cuferry.CuferryError, lambda: lib.halo_packer(device, [
 
 # ---- managed memory ------------------------------------------------------------------------
 
-kind = lib.pool_kind(device)
+kind = lib.pool_kind(device)  # the device's first managed call: its pool, with the defaults
 assert kind in (("host",) if HOST else ("managed_pool", "malloc_managed")), kind
+# The pool exists now: configuring it with its options succeeds, with others it is refused,
+# naming the pool (on HOST the flags are ignored, only a size limit differs).
+lib.managed_pool_configure(device)
+if HOST:
+    lib.managed_pool_configure(device, use_malloc_managed=True, prefer_device=False)
+    e = raises(cuferry.CuferryError, lambda: lib.managed_pool_configure(device, max_size=1 << 20), "already exists")
+    assert "host memory" in e.message, e.message
+else:
+    e = raises(cuferry.CuferryError, lambda: lib.managed_pool_configure(device, use_malloc_managed=True),
+               "already exists")
+    named = {"managed_pool": "a CUDA managed memory pool", "malloc_managed": "cudaMallocManaged"}[kind]
+    assert named in e.message, e.message
+assert e.name == "CUFERRY_STATUS_INVALID_ARGUMENT", e
+raises(ValueError, lambda: lib.managed_pool_configure(device, use_malloc_managed=1), "not a bool")
+raises(ValueError, lambda: lib.managed_pool_configure(device, max_size=-1), "unsigned")
+raises(ValueError, lambda: lib.managed_pool_configure(2**32 - 1), "signed 32-bit")
+e = raises(cuferry.CuferryError, lambda: lib.managed_pool_configure(-2), "-2")
+assert e.name == "CUFERRY_STATUS_INVALID_ARGUMENT", e
+
+
+def advise(ptr, nbytes, advice, where=None):
+    """`lib.advise`, allowing exactly one refusal: UNSUPPORTED on the memory of a CUDA managed
+    memory pool, whose driver may refuse advice (the H100's driver 580.159 does); the message
+    names the way out from Python. True when the advice was taken."""
+    try:
+        lib.advise(ptr, nbytes, advice, where)
+        return True
+    except cuferry.CuferryError as e:
+        if not (kind == "managed_pool" and e.name == "CUFERRY_STATUS_UNSUPPORTED"
+                and "managed memory pool" in e.message and "managed_pool_configure" in e.message):
+            raise
+        return False
+
+
 N = 1 << 20
 with lib.stream(device) as stream:
     before = lib.pool_stats(device)
@@ -146,10 +225,10 @@ with lib.stream(device) as stream:
         lib.prefetch(m, N, here, stream)
         lib.prefetch_batch([(m, N // 2), (m.ptr + N // 2, N // 2)], here, stream)
         lib.prefetch_batch([], here, stream)
-        lib.advise(m, N, "set_read_mostly")
-        lib.advise(m, N, "unset_read_mostly")
-        lib.advise(m, N, "set_preferred_location", "host")
-        lib.advise(m, N, "unset_preferred_location")
+        advise(m, N, "set_read_mostly")
+        advise(m, N, "unset_read_mostly")
+        advise(m, N, "set_preferred_location", "host")
+        advise(m, N, "unset_preferred_location")
         if HOST:
             # Host-pool memory is plain host memory: it stays readable where it was written.
             ctypes.memmove(m.ptr, b"cuferry", 7)
@@ -157,8 +236,8 @@ with lib.stream(device) as stream:
             e = raises(cuferry.CuferryError, lambda: lib.prefetch(m, N, 0, stream), "cuda:0")
             assert e.name == "CUFERRY_STATUS_UNSUPPORTED", e
         else:
-            lib.advise(m, N, "set_accessed_by", device)
-            lib.advise(m, N, "unset_accessed_by", device)
+            advise(m, N, "set_accessed_by", device)
+            advise(m, N, "unset_accessed_by", device)
             lib.prefetch(m, N, "host", stream)
             stream.synchronize()
         # Errors: a range past the allocation, an advice needing a location without one, bad
@@ -216,5 +295,11 @@ deadline = time.monotonic() + 5
 while lib.pool_stats(device)["used_current"] != before and time.monotonic() < deadline:
     time.sleep(0.01)
 assert lib.pool_stats(device)["used_current"] == before, "the allocation outliving its stream stayed allocated"
+
+# Advice that takes effect: a process of its own, whose pool is configured before first use.
+child = subprocess.run([sys.executable, os.path.abspath(__file__), sys.argv[1], str(device), "configured"],
+                       capture_output=True, text=True, timeout=300)
+print(child.stdout + child.stderr, end="")
+assert child.returncode == 0 and "configured pool) passed" in child.stdout, "the configured-pool run failed"
 
 print("python halo and managed passed")

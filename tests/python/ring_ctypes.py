@@ -10,15 +10,21 @@ stream; on CUDA as a consumer kernel would, with CuPy: a device copy of the item
 item's stream (`Stream.cuda_handle`), the item released at once, and the copies compared after
 the last item (the release must keep each slot's next upload behind its copy). Without CuPy
 the byte check is skipped, not the protocol. Then a produce with a timeout and no consumer
-gives up with its published count, and resumes from it. Then a ring freed
+gives up with its published count, and resumes from it. Then Ring.produce streams: a generator
+is pulled a batch at a time (bounded when a late consumer gets item 0, and in the items alive
+at once), items of every buffer kind arrive intact, and a failure in a later batch (a timeout,
+the generator's own error, an item refused) reports the items of the earlier batches plus the
+ones its own published. Then a ring freed
 while a consumer waits in `next`: the consumer gets Closed; and a call made between free()'s
 wait and the destroy raises Closed without reaching the C ring. Exits non-zero on failure.
 """
+import array
 import ctypes
 import os
 import sys
 import threading
 import time
+import weakref
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 import cuferry  # noqa: E402
@@ -144,20 +150,191 @@ for k in range(len(wanted)):
             got = got if isinstance(got, bytes) else got.get().tobytes()
             assert got == wanted[k][1], f"stalled ring item {k}: bytes differ"
 assert stalled.produce([]) == 0
-# A sequence ctypes would wrap (negative, past 64 bits, a bool) is refused before anything is
-# published, as `publish` refuses it; in_flight 0 counts as 1, as in the C ABI.
+# A sequence ctypes would wrap (negative, past 64 bits, a bool) is refused, as `publish`
+# refuses it, before its batch (here the whole call) is published; in_flight 0 counts as 1, as
+# in the C ABI.
 for sequence in (-1, 2**64 + 5, True):
     try:
         stalled.produce([(1, b"ok"), (sequence, b"abcd")])
         raise AssertionError(f"produce accepted sequence {sequence!r}")
-    except ValueError:
-        pass
+    except ValueError as e:
+        assert e.published == 0, e.published
 assert stalled.stats()["published"] == len(wanted), "a refused produce published something"
 assert stalled.produce([(200, b"one"), (201, b"two")], in_flight=0) == 2
 for want in (200, 201):
     with stalled.next(stream, timeout=20) as item:
         assert item.sequence == want, (item.sequence, want)
 stalled.free()
+
+
+def read_back(item):
+    """The bytes of `item` (None on CUDA without CuPy), its stream synchronized."""
+    got = take(item)
+    stream.synchronize()
+    return got if got is None or isinstance(got, bytes) else got.get().tobytes()
+
+
+def drain(ring, first, count):
+    """Takes `count` items, sequences from `first`, then finds the ring empty."""
+    for k in range(count):
+        with ring.next(stream, timeout=20) as item:
+            assert item.sequence == first + k, (item.sequence, first + k)
+    try:
+        ring.next(stream, timeout=0)
+        raise AssertionError("an item past the published ones")
+    except cuferry.WouldBlock:
+        pass
+
+
+# Ring.produce streams: it pulls a batch of about the ring's size (here DEPTH items of SLOT
+# bytes), publishes it, lets it go, and pulls the next. A consumer arriving late finds the
+# generator advanced by at most two batches (one published, the next waiting for a slot),
+# where reading everything first had pulled all of it; and at most a batch of its items is
+# alive at any time.
+LAZY = 8 * DEPTH
+lazy = lib.ring(device, DEPTH, SLOT, fill_threads=2)
+state = {"yielded": 0, "alive": 0, "most_alive": 0, "at_first": None, "received": 0}
+
+
+class Chunk(bytearray):
+    """A bytearray whose release can be watched (bytearray itself takes no weak reference)."""
+
+
+def chunk_gone():
+    state["alive"] -= 1
+
+
+def chunks():
+    for seq in range(LAZY):
+        chunk = Chunk(SLOT)
+        chunk[:8] = seq.to_bytes(8, "little")
+        weakref.finalize(chunk, chunk_gone)
+        state["alive"] += 1
+        state["most_alive"] = max(state["most_alive"], state["alive"])
+        state["yielded"] += 1
+        yield seq, chunk
+        del chunk
+
+
+def late_consumer():
+    try:
+        time.sleep(0.3)  # the producer runs ahead as far as it can meanwhile
+        for k in range(LAZY):
+            with lazy.next(stream, timeout=20) as item:
+                if k == 0:
+                    state["at_first"] = state["yielded"]
+                assert item.sequence == k and item.nbytes == SLOT, (item.sequence, item.nbytes, k)
+                got = read_back(item)
+                assert got is None or got[:8] == k.to_bytes(8, "little"), f"lazy item {k}: bytes differ"
+                state["received"] += 1
+    except BaseException as e:
+        errors.append(e)
+        lazy.close()
+
+
+errors = []
+consumer = threading.Thread(target=late_consumer, daemon=True)
+consumer.start()
+assert lazy.produce(chunks()) == LAZY
+consumer.join(timeout=60)
+if errors:
+    raise errors[0]
+assert state["received"] == LAZY, state
+assert state["at_first"] is not None and state["at_first"] <= 2 * DEPTH, \
+    f"the generator had yielded {state['at_first']} of {LAZY} items when item 0 was consumed"
+assert state["most_alive"] <= DEPTH + 1, f"{state['most_alive']} items alive at once: not streamed"
+assert state["alive"] == 0, "produce kept items alive after returning"
+lazy.free()
+
+# Items are read in place (bytes, bytearray, memoryviews read-only or not, array) or, not
+# C-contiguous, copied; each arrives as its bytes. Data that is not bytes-like (an int, which
+# bytes() took for a count of zeros) is refused, as is one buffer refilled for the next item.
+kinds = lib.ring(device, 8, SLOT)
+raw = bytes(range(256)) * 4
+sources = [raw[:100], bytearray(raw[:200]), memoryview(raw)[7:300], memoryview(bytearray(raw))[3:50],
+           array.array("H", range(40)), memoryview(bytearray(raw))[::3], b""]
+assert kinds.produce(enumerate(sources), timeout=20) == len(sources)
+for k, data in enumerate(sources):
+    want = memoryview(data).tobytes()
+    with kinds.next(stream, timeout=20) as item:
+        assert item.sequence == k and item.nbytes == len(want), (k, item.sequence, item.nbytes)
+        got = read_back(item) if want else b""
+        assert got is None or got == want, f"source {k} ({type(data).__name__}): bytes differ"
+same = b"unchanged bytes"
+assert kinds.produce([(0, same), (1, same)]) == 2  # read-only memory twice is fine
+drain(kinds, 0, 2)
+try:
+    kinds.produce([(0, b"ok"), (1, 5)])
+    raise AssertionError("an int was taken for data")
+except TypeError as e:
+    assert "not bytes-like" in str(e) and e.published == 0, (e, e.published)
+
+
+def refilled():
+    buf = bytearray(16)
+    for seq in range(4):
+        buf[:] = bytes([seq]) * 16
+        yield seq, buf
+
+
+try:
+    kinds.produce(refilled())
+    raise AssertionError("a refilled buffer was published")
+except ValueError as e:
+    assert "share writable memory" in str(e) and e.published == 0, (e, e.published)
+assert kinds.stats()["published"] == len(sources) + 2, kinds.stats()
+kinds.free()
+
+# A failure in a later batch reports the items published by every batch before it, plus those
+# its own batch published: always the first ones. (1) A consumer takes and releases 2 items,
+# then stops: batch 1 fills the DEPTH slots, batch 2 gets the 2 released ones and times out
+# on the third.
+later = lib.ring(device, DEPTH, SLOT, fill_threads=2)
+slot_items = [(k, bytes([k]) * SLOT) for k in range(3 * DEPTH)]
+
+
+def take_two():
+    try:
+        for k in range(2):
+            with later.next(stream, timeout=20) as item:
+                assert item.sequence == k, (item.sequence, k)
+    except BaseException as e:
+        errors.append(e)
+
+
+consumer = threading.Thread(target=take_two, daemon=True)
+consumer.start()
+try:
+    later.produce(iter(slot_items), timeout=2)
+    raise AssertionError("a stalled ring took every item")
+except cuferry.Timeout as e:
+    assert e.published == DEPTH + 2, e.published
+consumer.join(timeout=20)
+if errors:
+    raise errors[0]
+drain(later, 2, DEPTH)
+later.free()
+# (2) The iterator fails, or hands out an item that cannot be sent (a bad sequence, too large
+# for a slot), while the second batch is gathered: the first batch is published, none of the
+# second.
+
+
+def failing_after(n, bad):
+    yield from slot_items[:n]
+    if bad is None:
+        raise RuntimeError("the loader failed")
+    yield bad
+
+
+for bad, kind in ((None, RuntimeError), ((-1, b"x"), ValueError), ((99, bytes(SLOT + 1)), ValueError)):
+    ring2 = lib.ring(device, DEPTH, SLOT)
+    try:
+        ring2.produce(failing_after(DEPTH + 1, bad))
+        raise AssertionError(f"produce went past {bad!r}")
+    except kind as e:
+        assert e.published == DEPTH, (bad, e.published)
+    drain(ring2, 0, DEPTH)
+    ring2.free()
 
 # A publish refused in Python (a negative length, a float sequence) keeps the slot with its
 # guard: it can still be published, or abandoned, and the ring keeps its depth.
