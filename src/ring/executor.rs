@@ -15,6 +15,9 @@
 //!   calling thread.
 //! - Copies queued without waiting (the ring's pipelined fill, [`SlotRing::produce`]) are
 //!   crate-internal: whoever queues them keeps the memory alive until their latch is done.
+//! - [`PackExecutor::copy_threads`] and [`PackExecutor::queued_copy_threads`] count the threads
+//!   a copy uses by these rules (the functions that cut the copies call them or share their
+//!   piece count), for callers that report how many threads copied.
 //! - Dropping the executor stops and joins its threads after the queued chunks.
 //! - An executor has 1 to [`MAX_PACK_THREADS`] threads; other counts are refused.
 //! - With a spin time ([`PackExecutor::with_spin`]), idle workers poll for the next chunk and
@@ -161,6 +164,13 @@ fn pieces(len: usize, threads: usize, min: usize) -> usize {
     threads.min(len / min).max(1)
 }
 
+/// How many pieces a queued copy of `len` bytes is cut into on an executor of `threads`
+/// threads ([`PackExecutor::queue_split`], and [`PackExecutor::queued_copy_threads`] counting
+/// them).
+fn queued_pieces(len: usize, threads: usize) -> usize {
+    pieces(len, threads, MIN_QUEUED_CHUNK)
+}
+
 /// A pool of copy threads. See the [module docs](crate::ring).
 ///
 /// # Examples
@@ -244,7 +254,47 @@ impl PackExecutor {
     ///
     /// [`Error::InvalidArgument`] when the lengths differ.
     pub fn copy(&self, src: &[u8], dst: &mut [u8]) -> Result<()> {
-        self.copy_in_pieces(src, dst, pieces(src.len(), self.threads(), MIN_CHUNK))
+        self.copy_in_pieces(src, dst, Self::copy_threads(self.threads(), src.len()))
+    }
+
+    /// How many threads copy a `len`-byte [`PackExecutor::copy`] on an executor of `threads`
+    /// threads, the caller's included: one per piece, and no piece is shorter than
+    /// [`MIN_CHUNK`] (but for the 64-byte rounding), so copies under twice [`MIN_CHUNK`] run
+    /// on the caller alone whatever `threads` is.
+    ///
+    /// ```
+    /// use cuferry::ring::PackExecutor;
+    /// assert_eq!(PackExecutor::copy_threads(16, 256 << 10), 1);
+    /// assert_eq!(PackExecutor::copy_threads(16, 1 << 20), 4);
+    /// assert_eq!(PackExecutor::copy_threads(16, 64 << 20), 16);
+    /// ```
+    pub fn copy_threads(threads: usize, len: usize) -> usize {
+        pieces(len, threads, MIN_CHUNK)
+    }
+
+    /// The most threads copying at once on an executor of `threads` threads while `ranges`
+    /// ranges of `len` bytes each are queued and their queuer only waits for them, as
+    /// [`SlotRing::produce`] does with up to `ahead` slots filling: each range is cut into
+    /// pieces of at least 64 KiB (one per thread at most, as the queued copies are cut), and
+    /// a queuer that waits without helping leaves them to the workers (`threads - 1`); with no
+    /// workers, it copies them alone.
+    ///
+    /// ```
+    /// use cuferry::ring::PackExecutor;
+    /// // Two 64 KiB slots filling at once: one piece each, two of the 15 workers copy.
+    /// assert_eq!(PackExecutor::queued_copy_threads(16, 64 << 10, 2), 2);
+    /// // An executor of 4: its 3 workers copy, the producer publishes.
+    /// assert_eq!(PackExecutor::queued_copy_threads(4, 4 << 20, 2), 3);
+    /// assert_eq!(PackExecutor::queued_copy_threads(1, 4 << 20, 2), 1);
+    /// ```
+    ///
+    /// [`SlotRing::produce`]: super::SlotRing::produce
+    pub fn queued_copy_threads(threads: usize, len: usize, ranges: usize) -> usize {
+        let workers = threads.saturating_sub(1);
+        if workers == 0 {
+            return 1;
+        }
+        workers.min(queued_pieces(len, threads).saturating_mul(ranges.max(1)))
     }
 
     /// Copies `src` into `dst` split into at most `pieces` chunks (clamped to `1..=threads()`;
@@ -314,9 +364,9 @@ impl PackExecutor {
     ///
     /// As [`PackExecutor::queue`], for every range.
     pub(super) unsafe fn queue_split(&self, ranges: &[RawCopy]) -> Arc<Latch> {
-        let pieces = |len: usize| pieces(len, self.threads(), MIN_QUEUED_CHUNK);
+        let threads = self.threads();
         // SAFETY: forwarded; the chunks are disjoint pieces of the caller's ranges.
-        unsafe { self.queue(ranges.iter().flat_map(|&r| split(r, pieces(r.len)))) }
+        unsafe { self.queue(ranges.iter().flat_map(|&r| split(r, queued_pieces(r.len, threads)))) }
     }
 
     /// Copies one queued chunk on this thread; false when none was queued.
@@ -419,6 +469,21 @@ mod tests {
         let lens: Vec<usize> = split(range, 1024).map(|c| c.len).collect();
         assert_eq!((lens.len(), lens.iter().sum::<usize>()), (1024, len));
         assert!(lens.iter().all(|&c| c + 64 > MIN_QUEUED_CHUNK), "{:?}", &lens[1000..]);
+    }
+
+    /// The thread counts reported are the piece counts the copies are cut into.
+    #[test]
+    fn copy_thread_counts_follow_the_split() {
+        for threads in [1, 2, 4, 16] {
+            for len in [1, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 64 << 20] {
+                let range = RawCopy { src: std::ptr::null(), dst: std::ptr::null_mut(), len };
+                let cut = split(range, pieces(len, threads, MIN_CHUNK)).count();
+                assert_eq!(PackExecutor::copy_threads(threads, len), cut, "{len} bytes, {threads} threads");
+                let queued = split(range, queued_pieces(len, threads)).count();
+                let expect = if threads == 1 { 1 } else { (threads - 1).min(3 * queued) };
+                assert_eq!(PackExecutor::queued_copy_threads(threads, len, 3), expect, "{len} bytes");
+            }
+        }
     }
 
     #[test]

@@ -14,6 +14,7 @@
 use cuferry::{copy_range, Device, DeviceBuffer, PinnedBuffer, Result, Stream};
 
 use super::measure::{gbps, median_device_secs_queued, median_secs, L2Flush};
+use super::output::Rows;
 use super::report::Row;
 
 const KIB: usize = 1 << 10;
@@ -40,7 +41,7 @@ fn repeats(bytes: usize) -> usize {
 }
 
 /// Runs the section, adding its rows to `rows` as they are measured.
-pub fn run(device: Device, quick: bool, rows: &mut Vec<Row>) -> Result<()> {
+pub fn run(device: Device, quick: bool, rows: &mut Rows) -> Result<()> {
     let stream = Stream::new(device)?;
     let peer = match device {
         Device::Cuda(i) if Device::cuda_count() > 1 => Device::Cuda((i + 1) % Device::cuda_count()),
@@ -55,10 +56,10 @@ pub fn run(device: Device, quick: bool, rows: &mut Vec<Row>) -> Result<()> {
     let mut dev2 = DeviceBuffer::<u8>::zeroed(&stream, largest)?;
     let mut far = DeviceBuffer::<u8>::zeroed(&peer_stream, largest)?;
     let mut flusher = L2Flush::new(&stream)?;
-    // This section's rows start here; their ceilings (the largest pinned copies) are filled
-    // in at the end, so that a failure part-way keeps the rows measured before it.
-    let first = rows.len();
-    let push = |rows: &mut Vec<Row>, case: &'static str, bytes: usize, secs: f64, wall: Option<f64>| {
+    // The rows go out as they are measured, without ceilings; the ceilings (the largest
+    // pinned copies) are filled in at the end, for the section's table and the JSON, so that a
+    // failure part-way keeps the rows measured before it.
+    let push = |rows: &mut Rows, case: &'static str, bytes: usize, secs: f64, wall: Option<f64>| {
         rows.push(row(device, peer, case, bytes, secs, wall));
     };
     for &bytes in &sizes {
@@ -106,7 +107,7 @@ pub fn run(device: Device, quick: bool, rows: &mut Vec<Row>) -> Result<()> {
             push(rows, case, bytes, s, wall);
         }
     }
-    let section = &mut rows[first..];
+    let section = rows.section_mut();
     let ceiling = |case: &str| -> Option<(String, f64)> {
         let base = if case.starts_with("H2D") {
             "H2D pinned"
@@ -148,5 +149,6 @@ fn row(device: Device, peer: Device, case: &'static str, bytes: usize, secs: f64
         unit: "GB/s",
         ceiling: None,
         baseline: None,
+        same_threads: None,
     }
 }

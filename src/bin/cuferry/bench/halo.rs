@@ -23,6 +23,7 @@ use cuferry::halo::{DescriptorPlacement, ElementType, HaloExchange, HaloPacker, 
 use cuferry::{copy, Device, DeviceBuffer, Result, Stream};
 
 use super::measure::{gbps, median_device_secs_after, median_device_secs_queued, median_secs, L2Flush};
+use super::output::Rows;
 use super::report::Row;
 
 const HALO: usize = 3;
@@ -181,7 +182,7 @@ fn sector_fetch_note<F: FnMut() -> Result<()>>(
 }
 
 /// Runs the section, adding its rows to `rows` as they are measured.
-pub fn run(device: Device, quick: bool, rows: &mut Vec<Row>) -> Result<()> {
+pub fn run(device: Device, quick: bool, rows: &mut Rows) -> Result<()> {
     let stream = Stream::new(device)?;
     let mut flusher = L2Flush::new(&stream)?;
     let repeats = if quick { 10 } else { 30 };
@@ -274,6 +275,7 @@ pub fn run(device: Device, quick: bool, rows: &mut Vec<Row>) -> Result<()> {
             unit: "GB/s",
             ceiling: Some((copy_name.into(), gbps(bytes, same_bytes))),
             baseline: Some(("seed strategy".into(), gbps(bytes, seed_secs))),
+            same_threads: None,
         });
         if let Some((pack_device, copy_device)) = device_time {
             rows.push(Row {
@@ -289,6 +291,7 @@ pub fn run(device: Device, quick: bool, rows: &mut Vec<Row>) -> Result<()> {
                 unit: "GB/s",
                 ceiling: Some((copy_name.into(), gbps(bytes, copy_device))),
                 baseline: None,
+                same_threads: None,
             });
         }
     }

@@ -28,6 +28,7 @@ use cuferry::memory::cache_stats;
 use cuferry::{Device, DeviceBuffer, DeviceSpec, Result};
 
 use super::measure::{gbps, median_secs};
+use super::output::Rows;
 use super::report::Row;
 
 const B: usize = 4096;
@@ -58,7 +59,7 @@ fn dense(spec: &DeviceSpec, rows: usize) -> Result<LinopRef<f64>> {
 }
 
 /// Runs the section, adding its rows to `out` as they are measured.
-pub fn run(device: Device, quick: bool, out: &mut Vec<Row>) -> Result<()> {
+pub fn run(device: Device, quick: bool, out: &mut Rows) -> Result<()> {
     let repeats = if quick { 3 } else { 7 };
     let base = DeviceSpec::new(Device::Host)?;
     let op = dense(&base, B)?;
@@ -74,6 +75,7 @@ pub fn run(device: Device, quick: bool, out: &mut Vec<Row>) -> Result<()> {
         unit: "GB/s",
         ceiling: None,
         baseline: None,
+        same_threads: None,
     });
 
     // Tiles on the device (two host "devices" on the host backend).
@@ -144,6 +146,7 @@ pub fn run(device: Device, quick: bool, out: &mut Vec<Row>) -> Result<()> {
             // params with the overlap ratio, not in the ceiling column or the plot's levels.
             ceiling: None,
             baseline: Some(("unsplit on the host".into(), gbps(bytes, unsplit))),
+            same_threads: None,
     });
     let (cached_us, fresh_us, served) = array_cycles_us(&target, repeats)?;
     out.push(Row {
@@ -159,6 +162,7 @@ pub fn run(device: Device, quick: bool, out: &mut Vec<Row>) -> Result<()> {
             unit: "us",
             ceiling: None,
             baseline: Some(("DeviceBuffer::zeroed + drop".into(), fresh_us)),
+            same_threads: None,
     });
     Ok(())
 }

@@ -11,6 +11,7 @@ use cuferry::managed::{prefetch_all, Advice, Location, ManagedBuffer, ManagedPoo
 use cuferry::{copy, Device, DeviceBuffer, Error, PinnedBuffer, Result, Stream};
 
 use super::measure::{gbps, median_secs};
+use super::output::Rows;
 use super::report::Row;
 
 const MIB: usize = 1 << 20;
@@ -25,6 +26,7 @@ fn row(case: &str, bytes: usize, params: &str, value: f64, unit: &'static str) -
         unit,
         ceiling: None,
         baseline: None,
+        same_threads: None,
     }
 }
 
@@ -61,7 +63,7 @@ fn median_after(mut before: impl FnMut() -> Result<()>, mut op: impl FnMut() -> 
 }
 
 /// Runs the section, adding its rows to `rows` as they are measured.
-pub fn run(device: Device, quick: bool, rows: &mut Vec<Row>) -> Result<()> {
+pub fn run(device: Device, quick: bool, rows: &mut Rows) -> Result<()> {
     let stream = Stream::new(device)?;
     let pool = ManagedPool::new(device, ManagedPoolOptions::default())?;
     let n = if quick { 200 } else { 1000 };

@@ -6,15 +6,17 @@
 //! - Ratios are only ever taken between figures of one run (the project's rule); absolute
 //!   figures are reported with the device named.
 //! - Without a GPU the same sections run on the host backend, against memcpy.
-//! - Sections add rows as they measure them. Each section's table, and the JSON and the plot
-//!   of every row so far, are written as the section ends, also when it failed: a failing
-//!   case loses only the rows after it.
+//! - Sections add rows as they measure them, and each row goes to stdout (one line) and into
+//!   the JSON file as it is added ([`output`]): a run killed mid-section keeps every row it
+//!   finished. Each section's table and the plot of every row so far are written as the
+//!   section ends, also when it failed: a failing case loses only the rows after it.
 
 mod copies;
 mod halo;
 mod linop;
 mod managed;
 mod measure;
+mod output;
 mod plot;
 mod report;
 mod ring;
@@ -24,6 +26,7 @@ use std::process::ExitCode;
 
 use clap::{Args, ValueEnum};
 use cuferry::Device;
+use output::Rows;
 
 /// Which parts to measure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -93,7 +96,8 @@ fn check_writable(paths: &[&Option<PathBuf>]) -> Result<(), String> {
     Ok(())
 }
 
-/// Runs the chosen sections, printing each one's table as it ends.
+/// Runs the chosen sections, printing each row as it is measured and each section's table as
+/// it ends.
 pub fn run(args: &BenchArgs) -> ExitCode {
     let device = match parse_device(&args.device) {
         Ok(d) => d,
@@ -121,10 +125,11 @@ pub fn run(args: &BenchArgs) -> ExitCode {
         }
     };
     println!("cuferry bench on {device_name}");
-    let mut rows = Vec::new();
+    println!("rows as measured: {}; each section's table follows as it ends", report::line_header());
+    let mut rows = Rows::new(&device_name, args.json.clone());
     let mut failed = false;
     for section in sections {
-        let start = rows.len();
+        rows.start_section();
         let result = match section {
             Section::Copy => copies::run(device, args.quick, &mut rows),
             Section::Ring => ring::run(device, args.quick, &mut rows),
@@ -132,25 +137,19 @@ pub fn run(args: &BenchArgs) -> ExitCode {
             Section::Halo => halo::run(device, args.quick, &mut rows),
             Section::Linop => linop::run(device, args.quick, &mut rows),
         };
-        // Each section's table, the JSON and the plot so far are out as soon as the section
-        // ends, failed or not: a run cut short (a time limit on a lent GPU, a failing case)
-        // keeps every row it measured.
-        if rows.len() > start {
-            println!("{}", report::table(&rows[start..]));
+        // Every row is already out (stdout and the JSON); the section's table, the JSON with
+        // any rows it amended, and the plot so far follow as soon as it ends, failed or not.
+        let section_rows = rows.end_section();
+        if !section_rows.is_empty() {
+            println!("{}", report::table(section_rows));
         }
         if let Err(e) = result {
-            eprintln!("cuferry bench: section {section:?} failed after {} rows: {e}", rows.len() - start);
+            eprintln!("cuferry bench: section {section:?} failed after {} rows: {e}", section_rows.len());
             failed = true;
-        }
-        if let Some(path) = &args.json {
-            if let Err(e) = report::write_json(path, &device_name, &rows) {
-                eprintln!("cuferry bench: cannot write {}: {e}", path.display());
-                failed = true;
-            }
         }
         if let Some(path) = &args.plot {
             let partial = report::partial_path(path);
-            let drawn = plot::draw(&partial, &format!("cuferry bench on {device_name}"), &rows)
+            let drawn = plot::draw(&partial, &format!("cuferry bench on {device_name}"), rows.all())
                 .and_then(|()| std::fs::rename(&partial, path).map_err(|e| e.to_string()));
             if let Err(e) = drawn {
                 eprintln!("cuferry bench: cannot draw {}: {e}", path.display());
@@ -158,6 +157,7 @@ pub fn run(args: &BenchArgs) -> ExitCode {
             }
         }
     }
+    failed |= rows.json_error().is_some();
     if failed {
         ExitCode::FAILURE
     } else {

@@ -124,6 +124,7 @@ mod tests {
             unit: "GB/s",
             ceiling: Some((ceiling.0.into(), ceiling.1)),
             baseline: None,
+            same_threads: None,
         }
     }
 

@@ -1,4 +1,5 @@
-//! The results: one row per measurement, printed as a table and written as JSON.
+//! The results: one row per measurement, printed as a line when measured and in its section's
+//! table, and written as JSON.
 
 use std::path::Path;
 
@@ -25,6 +26,11 @@ pub struct Row {
     pub ceiling: Option<(String, f64)>,
     /// The baseline a user would otherwise use: (name, GB/s).
     pub baseline: Option<(String, f64)>,
+    /// The same work's limit with as many copying threads as this case used: (name, GB/s).
+    /// Only the ring's pageable rows have one (their headline ceiling is the best memcpy,
+    /// whatever its thread count); left out of the JSON when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub same_threads: Option<(String, f64)>,
 }
 
 /// `bytes` in the largest binary unit it reaches: whole when exact, else with one decimal
@@ -57,7 +63,8 @@ fn ratio(r: &Row, of: &Option<(String, f64)>, is_ceiling: bool) -> String {
         let above = is_ceiling && above_ceiling(r.unit, r.value, *v);
         let flag = if above { " (above its ceiling)" } else { "" };
         if r.unit == "us" {
-            format!("{:.1}x faster than {name} ({v:.2} us){flag}", v / r.value)
+            // `v / value` is the speed-up: below 1 the row is slower, and the words hold.
+            format!("{:.2}x the speed of {name} ({v:.2} us){flag}", v / r.value)
         } else {
             format!("{:.2}x {name} ({v:.1}){flag}", r.value / v)
         }
@@ -74,21 +81,48 @@ fn above_ceiling(unit: &str, value: f64, ceiling: f64) -> bool {
     }
 }
 
-/// The rows as a terminal table.
+/// The table's column names; the last only for rows that have a same-threads ceiling.
+const HEADER: [&str; 8] =
+    ["section", "case", "size", "params", "value", "vs ceiling", "vs baseline", "vs same threads"];
+
+/// A row's cells, in [`HEADER`]'s order, with the same-threads one when `same_threads`.
+fn cells(r: &Row, same_threads: bool) -> Vec<String> {
+    let mut cells = vec![
+        r.section.to_string(),
+        r.case.clone(),
+        size(r.bytes),
+        r.params.clone(),
+        format!("{:.2} {}", r.value, r.unit),
+        ratio(r, &r.ceiling, true),
+        ratio(r, &r.baseline, false),
+    ];
+    if same_threads {
+        cells.push(ratio(r, &r.same_threads, false));
+    }
+    cells
+}
+
+/// The column names of the lines [`line`] prints, as one line.
+pub fn line_header() -> String {
+    HEADER.join(" | ")
+}
+
+/// One row as a line: the cells of its table row, separated by ` | ` (an empty one as `-`).
+pub fn line(r: &Row) -> String {
+    let cells = cells(r, r.same_threads.is_some());
+    let cells: Vec<&str> = cells.iter().map(|c| if c.is_empty() { "-" } else { c.as_str() }).collect();
+    cells.join(" | ")
+}
+
+/// The rows as a terminal table (with the same-threads column when a row has that ceiling).
 pub fn table(rows: &[Row]) -> Table {
+    let same_threads = rows.iter().any(|r| r.same_threads.is_some());
+    let columns = if same_threads { HEADER.len() } else { HEADER.len() - 1 };
     let mut t = Table::new();
     t.load_preset(UTF8_FULL_CONDENSED);
-    t.set_header(["section", "case", "size", "params", "value", "vs ceiling", "vs baseline"]);
+    t.set_header(&HEADER[..columns]);
     for r in rows {
-        t.add_row([
-            r.section.to_string(),
-            r.case.clone(),
-            size(r.bytes),
-            r.params.clone(),
-            format!("{:.2} {}", r.value, r.unit),
-            ratio(r, &r.ceiling, true),
-            ratio(r, &r.baseline, false),
-        ]);
+        t.add_row(cells(r, same_threads));
     }
     t
 }
@@ -100,7 +134,7 @@ struct Report<'a> {
     rows: &'a [Row],
 }
 
-/// Writes every row as JSON.
+/// Writes every row as JSON (beside `path`, then renamed over it: see [`partial_path`]).
 pub fn write_json(path: &Path, device: &str, rows: &[Row]) -> std::io::Result<()> {
     let unix_time =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -121,7 +155,7 @@ pub fn partial_path(path: &Path) -> std::path::PathBuf {
 
 #[cfg(test)]
 mod tests {
-    use super::{above_ceiling, ratio, size, Row};
+    use super::{above_ceiling, line, ratio, size, table, Row};
 
     #[test]
     fn sizes_keep_their_fraction() {
@@ -147,11 +181,58 @@ mod tests {
             unit: "GB/s",
             ceiling: Some(("16-thread memcpy".into(), 32.3)),
             baseline: Some(("direct pageable copy".into(), 7.3)),
+            same_threads: None,
         };
         let high = row(42.6);
         assert!(ratio(&high, &high.ceiling, true).ends_with("(above its ceiling)"));
         assert!(!ratio(&high, &high.baseline, false).contains("above"));
         let fair = row(30.0);
         assert!(!ratio(&fair, &fair.ceiling, true).contains("above"));
+    }
+
+    #[test]
+    fn microsecond_ratios_read_right_both_ways() {
+        let row = |value| Row {
+            section: "managed",
+            case: "pool alloc+free".into(),
+            bytes: 1 << 20,
+            params: String::new(),
+            value,
+            unit: "us",
+            ceiling: None,
+            baseline: Some(("cudaMallocManaged".into(), 10.0)),
+            same_threads: None,
+        };
+        let faster = row(5.0);
+        assert_eq!(
+            ratio(&faster, &faster.baseline, false),
+            "2.00x the speed of cudaMallocManaged (10.00 us)"
+        );
+        let slower = row(20.0);
+        assert_eq!(
+            ratio(&slower, &slower.baseline, false),
+            "0.50x the speed of cudaMallocManaged (10.00 us)"
+        );
+    }
+
+    #[test]
+    fn lines_hold_the_table_cells() {
+        let mut r = Row {
+            section: "ring",
+            case: "pageable source".into(),
+            bytes: 1 << 20,
+            params: "depth 2, 4 copy threads".into(),
+            value: 8.0,
+            unit: "GB/s",
+            ceiling: Some(("host copy".into(), 10.0)),
+            baseline: None,
+            same_threads: None,
+        };
+        assert_eq!(line(&r), "ring | pageable source | 1 MiB | depth 2, 4 copy threads | 8.00 GB/s | 0.80x host copy (10.0) | -");
+        r.same_threads = Some(("4-thread memcpy".into(), 16.0));
+        assert!(line(&r).ends_with(" | 0.50x 4-thread memcpy (16.0)"), "{}", line(&r));
+        assert_eq!(table(std::slice::from_ref(&r)).column_count(), 8);
+        r.same_threads = None;
+        assert_eq!(table(std::slice::from_ref(&r)).column_count(), 7);
     }
 }
