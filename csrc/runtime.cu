@@ -13,9 +13,10 @@ static const int kDriverAbiVersion = 12000;
 static void *cf_driver_symbol(const char *name) {
   void *fn = nullptr;
   cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDriverEntryPointByVersion(name, &fn, kDriverAbiVersion, cudaEnableDefault, &found) != cudaSuccess ||
+  // cf_check clears the last error only when this call set it (rule 3 of cuferry_cuda.h).
+  if (cf_check(cudaGetDriverEntryPointByVersion(name, &fn, kDriverAbiVersion, cudaEnableDefault, &found)) !=
+          CUFERRY_STATUS_SUCCESS ||
       found != cudaDriverEntryPointSuccess) {
-    (void)cudaGetLastError();  // not sticky; leave nothing pending
     return nullptr;
   }
   return fn;

@@ -20,9 +20,10 @@ Rules:
   `Buffer` where a `Stream` goes) raises TypeError: to C every handle is a plain pointer.
 - Errors pickle and copy with their status, name, message and `published`.
 - Device -1 (`HOST`) is the host backend: everything runs without a GPU.
-- `Ring.produce` streams: it pulls its items in batches of about the ring's size and hands
-  each to the library without copying it first, so an item's memory must stay unchanged
-  until its batch is published; every exception it raises carries `published`.
+- `Ring.produce` streams: it pulls its items in batches of about the ring's size and never
+  holds memory that may change across a pull (bytes are read in place; other buffers are
+  copied under 1 MiB, or read in place and published before the next pull); every exception
+  it raises carries `published`.
 - Halo packers (`Library.halo_packer`) take `HaloExchange` descriptions and `Buffer`s from
   `device_buffer`, one per exchange; a description is checked here (dims, negative values,
   ranges of step 1) and then by the library, whose message names the problem.
@@ -48,7 +49,6 @@ Example (host backend; pass 0 for the first CUDA device):
         lib.copy(s, dev, back, 4)
         assert back.read(4) == b"abcd"         # read waits for the copy
 """
-import bisect
 import ctypes
 import math
 import os
@@ -665,12 +665,21 @@ class RingItem(_Owned):
 
 
 class _PyBuffer(ctypes.Structure):
-    """CPython's `Py_buffer` (the buffer protocol's view of an object's memory)."""
+    """CPython's `Py_buffer` (the buffer protocol's view of an object's memory). A view still
+    held when it is collected (an interrupt between getting it and recording it, or during
+    `_Sources.release`) is released then: `PyBuffer_Release` clears `obj`, so twice is once."""
 
     _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p), ("len", ctypes.c_ssize_t),
                 ("itemsize", ctypes.c_ssize_t), ("readonly", ctypes.c_int), ("ndim", ctypes.c_int),
                 ("format", ctypes.c_void_p), ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
                 ("suboffsets", ctypes.c_void_p), ("internal", ctypes.c_void_p)]
+
+    def __del__(self):
+        try:
+            if self.obj and _BUFFER_API is not None:
+                _BUFFER_API[1](ctypes.byref(self))
+        except Exception:  # interpreter shutdown: nothing left to release into
+            pass
 
 
 def _buffer_api():
@@ -687,61 +696,75 @@ def _buffer_api():
 
 _BUFFER_API = _buffer_api()
 _PYBUF_SIMPLE = 0  # contiguous bytes, no format: what the copy reads
+# Items whose memory may change (anything but bytes) and are shorter than this are copied when
+# pulled, so a batch can hold many; longer ones are read in place and published before the
+# next item is pulled (copying them here would cost more than a call per item).
+_COPY_BELOW = 1 << 20
+
+
+def _immutable(data):
+    """Whether `data`'s memory cannot change while it is held: bytes, or a memoryview of bytes."""
+    return type(data) is bytes or (isinstance(data, memoryview) and type(data.obj) is bytes)
 
 
 class _Sources:
-    """The memory of a batch of ring items, read in place: each item's buffer is held
-    (`PyObject_GetBuffer`, so it can be neither freed nor resized) until `release`, which runs
-    only once the library call reading it has returned. A buffer that is not C-contiguous is
-    copied into bytes first."""
+    """The memory of a batch of ring items: each item's buffer is held (`PyObject_GetBuffer`,
+    so it can be neither freed nor resized) until `release`, which runs only once the library
+    call reading it has returned. Bytes are read in place; other buffers shorter than
+    `_COPY_BELOW`, and any buffer that is not C-contiguous, are copied into bytes first; a
+    longer buffer that may change is read in place, and `add` says the batch must end with
+    it (the generator may refill it for its next item)."""
 
     def __init__(self):
         self.addresses, self.lengths, self.bytes = [], [], 0
         self._views, self._kept = [], []
-        self._writable = []  # (start, end, item index) of writable items, sorted
 
     def add(self, data, index, slot_bytes):
-        """Adds item `index`'s `data` (bytes-like, at most `slot_bytes`)."""
+        """Adds item `index`'s `data` (bytes-like, at most `slot_bytes`); returns True when it
+        is held in place but may change, so the batch must be published before the next item
+        is pulled."""
+        mutable = not _immutable(data) and _BUFFER_API is not None  # else `_view` copies
         try:
-            address, length, writable = self._view(data)
+            address, length = self._view(data)
         except (BufferError, ValueError):
             # Not C-contiguous (numpy says ValueError): copied, in C order.
-            data = memoryview(data).tobytes()
-            address, length, writable = self._view(data)
+            data, mutable = memoryview(data).tobytes(), False
+            address, length = self._view(data)
         except TypeError as e:
             raise TypeError(f"produce: item {index}'s data is a {type(data).__name__}, not bytes-like") from e
         if length > slot_bytes:
             raise ValueError(f"produce: item {index} of {length} bytes does not fit a slot of {slot_bytes} bytes")
-        if writable and length:
-            # A refilled buffer shows as two items of one batch sharing memory: the first one's
-            # bytes are already gone, so refuse rather than publish the second's twice. The
-            # ranges kept are disjoint and sorted: only the neighbours can overlap.
-            end = address + length
-            at = bisect.bisect(self._writable, (address,))
-            for start, stop, other in self._writable[max(0, at - 1):at + 1]:
-                if address < stop and start < end:
-                    raise ValueError(
-                        f"produce: items {other} and {index} share writable memory (one buffer refilled "
-                        "for the next item?): yield a new buffer per item, or bytes(buffer)")
-            self._writable.insert(at, (address, end, index))
+        if mutable and length < _COPY_BELOW:
+            self._drop_last()
+            data, mutable = memoryview(data).tobytes(), False
+            address, length = self._view(data)
         self.addresses.append(address)
         self.lengths.append(length)
         self.bytes += length
+        return mutable
 
     def _view(self, data):
-        """(address, length, writable) of `data`'s memory, held until `release`."""
+        """(address, length) of `data`'s memory, held until `release`."""
         if _BUFFER_API is None:
             data = bytes(memoryview(data))
             pointer = ctypes.c_char_p(data)
             self._kept.append((data, pointer))
-            return ctypes.cast(pointer, ctypes.c_void_p).value, len(data), False
+            return ctypes.cast(pointer, ctypes.c_void_p).value, len(data)
         view = _PyBuffer()
         _BUFFER_API[0](data, ctypes.byref(view), _PYBUF_SIMPLE)
         self._views.append(view)
-        return view.buf, view.len, not view.readonly
+        return view.buf, view.len
+
+    def _drop_last(self):
+        """Lets go of the buffer `_view` held last."""
+        if _BUFFER_API is None:
+            self._kept.pop()
+        else:
+            _BUFFER_API[1](ctypes.byref(self._views.pop()))
 
     def release(self):
-        """Lets go of every buffer held; idempotent."""
+        """Lets go of every buffer held; idempotent (an interrupted release leaves the rest to
+        `_PyBuffer.__del__`)."""
         views, self._views, self._kept = self._views, [], []
         for view in views:
             _BUFFER_API[1](ctypes.byref(view))
@@ -821,12 +844,13 @@ class Ring(_Handle):
         holds up to about the ring's size in bytes (`depth * slot_bytes`, at most 1024 items),
         so a generator is not drained ahead of the consumers and its items are not all held at
         once. Data is any object of the buffer protocol (bytes, bytearray, memoryview, array,
-        a NumPy array; not a str or a list of ints), read in place, not copied first (a buffer
-        that is not C-contiguous is copied): leave an item's memory unchanged until its batch
-        is published, that is until `produce` returns or asks `items` for an item of a later
-        batch. A generator that refills one writable buffer for its next item is refused
-        (ValueError) when two items of a batch share memory: yield a new buffer per item, or
-        `bytes(buf)`.
+        a NumPy array; not a str or a list of ints). Bytes are read in place. Any other buffer
+        may change once `items` moves on (a generator may refill one buffer for its next
+        item), so it is never held across a pull: under 1 MiB it is copied when pulled, and a
+        longer one is read in place and its batch published before the next item is pulled
+        (such items fill one slot per call, each on all the fill threads). A buffer that is
+        not C-contiguous is copied. With `in_flight=1` every item is published before the next
+        is pulled (a generator waiting for the consumer before it yields).
 
         Whatever is raised, the items published are the first `e.published` (an attribute of
         the exception), across batches: errors of the library (`CuferryError`), of `items`
@@ -849,7 +873,10 @@ class Ring(_Handle):
                 if not more:
                     return total
         except BaseException as e:
-            e.published = total + batch.value
+            try:
+                e.published = total + batch.value
+            except Exception:  # an exception class refusing attributes keeps its own error
+                pass
             raise
 
     def _produce_batch(self, iterator, first, ahead, micros, published):
@@ -868,7 +895,8 @@ class Ring(_Handle):
                     break
                 i = first + len(seqs)
                 seqs.append(_uint(seq, 64, f"produce: the sequence of item {i}"))
-                sources.add(data, i, self.slot_bytes)
+                if sources.add(data, i, self.slot_bytes) or ahead <= 1:
+                    break  # published before `iterator` is asked for more
             n = len(seqs)
             if n == 0:
                 return False

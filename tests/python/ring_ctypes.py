@@ -248,7 +248,7 @@ lazy.free()
 
 # Items are read in place (bytes, bytearray, memoryviews read-only or not, array) or, not
 # C-contiguous, copied; each arrives as its bytes. Data that is not bytes-like (an int, which
-# bytes() took for a count of zeros) is refused, as is one buffer refilled for the next item.
+# bytes() took for a count of zeros) is refused.
 kinds = lib.ring(device, 8, SLOT)
 raw = bytes(range(256)) * 4
 sources = [raw[:100], bytearray(raw[:200]), memoryview(raw)[7:300], memoryview(bytearray(raw))[3:50],
@@ -270,18 +270,36 @@ except TypeError as e:
     assert "not bytes-like" in str(e) and e.published == 0, (e, e.published)
 
 
-def refilled():
-    buf = bytearray(16)
+
+
+# A generator may refill one buffer for its next item, yielded as is or as a read-only view:
+# memory that may change is never held across a pull (copied under 1 MiB; longer, published
+# before the next pull), so every item arrives with its own bytes. Views of one buffer
+# overlapping (sliding windows) are fine too.
+def refilled(size, readonly):
+    buf = bytearray(size)
     for seq in range(4):
-        buf[:] = bytes([seq]) * 16
-        yield seq, buf
+        buf[:] = bytes([seq + 1]) * size
+        yield seq, (memoryview(buf).toreadonly() if readonly else buf)
 
 
-try:
-    kinds.produce(refilled())
-    raise AssertionError("a refilled buffer was published")
-except ValueError as e:
-    assert "share writable memory" in str(e) and e.published == 0, (e, e.published)
+big = lib.ring(device, 4, 2 << 20)
+for size in (16, 1 << 20, (1 << 20) + 5):
+    for readonly in (False, True):
+        assert big.produce(refilled(size, readonly), timeout=20) == 4
+        for k in range(4):
+            with big.next(stream, timeout=20) as item:
+                assert item.sequence == k and item.nbytes == size, (item.sequence, item.nbytes)
+                got = read_back(item)
+                assert got is None or got == bytes([k + 1]) * size, \
+                    f"refilled {size}-byte buffer (read-only view: {readonly}): item {k} holds other bytes"
+window = memoryview(bytearray(raw))
+assert big.produce(((k, window[10 * k:10 * k + 30]) for k in range(4)), timeout=20) == 4
+for k in range(4):
+    with big.next(stream, timeout=20) as item:
+        got = read_back(item)
+        assert got is None or got == raw[10 * k:10 * k + 30], f"sliding window {k}"
+big.free()
 assert kinds.stats()["published"] == len(sources) + 2, kinds.stats()
 kinds.free()
 
