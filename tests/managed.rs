@@ -358,17 +358,23 @@ fn the_same_page_to_two_locations_is_refused(device: Device) {
     stream.synchronize().unwrap();
 }
 
+/// `device`'s pool and a stream for the discard tests, or None (after `skip_missing`) on a
+/// device without `concurrentManagedAccess`, which discards need.
+fn discard_pool(device: Device) -> Option<(ManagedPool, Stream)> {
+    let pool = pool(device);
+    if !device.is_host() && !pool.capabilities().concurrent_managed_access {
+        common::skip_missing(&format!("discard needs concurrentManagedAccess, which {device} lacks"));
+        return None;
+    }
+    Some((pool, Stream::new(device).unwrap()))
+}
+
 /// Discarding a buffer, or part of one, leaves the bytes around the range intact: the rest of
 /// the buffer, and small neighbours from the same pool (likely on the same page: CUDA may round
 /// a discard out to whole pages, which would wipe them). The discarded range, written again,
 /// holds what was written.
 fn discard_keeps_the_bytes_around_the_range(device: Device) {
-    let pool = pool(device);
-    if !device.is_host() && !pool.capabilities().concurrent_managed_access {
-        common::skip_missing(&format!("discard needs concurrentManagedAccess, which {device} lacks"));
-        return;
-    }
-    let stream = Stream::new(device).unwrap();
+    let Some((pool, stream)) = discard_pool(device) else { return };
     let n = 300; // 1200 bytes: several such buffers share a 4 KiB page
     let mut bufs: Vec<_> = (0..6).map(|_| pool.alloc::<u32>(n, &stream).unwrap()).collect();
     for (k, b) in bufs.iter_mut().enumerate() {
@@ -405,12 +411,7 @@ fn discard_keeps_the_bytes_around_the_range(device: Device) {
 /// what was written, and on the host backend the discarded bytes read as `DISCARDED_BYTE`
 /// until then.
 fn discard_and_prefetch_then_write(device: Device) {
-    let pool = pool(device);
-    if !device.is_host() && !pool.capabilities().concurrent_managed_access {
-        common::skip_missing(&format!("discard needs concurrentManagedAccess, which {device} lacks"));
-        return;
-    }
-    let stream = Stream::new(device).unwrap();
+    let Some((pool, stream)) = discard_pool(device) else { return };
     let n = 1000;
     let mut a = pool.alloc::<u32>(n, &stream).unwrap();
     let mut b = pool.alloc::<u32>(n, &stream).unwrap();
@@ -451,12 +452,7 @@ fn discard_and_prefetch_then_write(device: Device) {
 /// whole pages are discarded: the small buffers above may not reach one): the bytes outside
 /// the ranges stay, and the ranges written again hold what was written.
 fn discard_whole_pages_of_large_buffers(device: Device) {
-    let pool = pool(device);
-    if !device.is_host() && !pool.capabilities().concurrent_managed_access {
-        common::skip_missing(&format!("discard needs concurrentManagedAccess, which {device} lacks"));
-        return;
-    }
-    let stream = Stream::new(device).unwrap();
+    let Some((pool, stream)) = discard_pool(device) else { return };
     let n = 1 << 16; // 256 KiB each
     let part = 1000..41_000; // 160,000 bytes: dozens of whole 4 KiB pages, partial ones at the ends
     let mut a = pool.alloc::<u32>(n, &stream).unwrap();
