@@ -12,18 +12,12 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::stress::{self, pause};
 use common::Rng;
 use cuferry::{copy_range, Device, DeviceBuffer, Event, PinnedBuffer, Stream};
 
 /// Seeds run by the test suite (a few seconds); `CUFERRY_STRESS_ITERS` runs more.
 const DEFAULT_ITERS: u64 = 150;
-
-fn pause(rng: &mut Rng) {
-    let us = rng.below(201) as u64;
-    if us > 20 {
-        std::thread::sleep(Duration::from_micros(us));
-    }
-}
 
 enum Buf {
     Dev(DeviceBuffer<u32>),
@@ -292,22 +286,5 @@ fn run_one(seed: u64) -> Result<(), String> {
 
 #[test]
 fn buffer_stress() {
-    let iters: u64 =
-        std::env::var("CUFERRY_STRESS_ITERS").ok().and_then(|s| s.parse().ok()).unwrap_or(DEFAULT_ITERS);
-    let base: u64 = std::env::var("CUFERRY_STRESS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
-    let mut failures = Vec::new();
-    for i in 0..iters {
-        if let Err(e) = run_one(base + i) {
-            println!("FAIL {e}");
-            let hang = e.starts_with("HANG");
-            failures.push(e);
-            if hang || failures.len() > 5 {
-                break;
-            }
-        }
-        if i % 100 == 0 {
-            println!("iter {i} ({} failures)", failures.len());
-        }
-    }
-    assert!(failures.is_empty(), "{failures:#?}");
+    stress::run_seeds(DEFAULT_ITERS, run_one);
 }

@@ -19,6 +19,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::stress::{self, pause};
 use common::Rng;
 use cuferry::ring::{
     PackExecutor, RingOptions, SlotFill, SlotLayout, SlotMeta, SlotRing, StreamTransferBackend,
@@ -116,13 +117,6 @@ impl TransferBackend for Flaky {
     }
 }
 
-fn pause(rng: &mut Rng) {
-    let us = rng.below(201) as u64;
-    if us > 20 {
-        std::thread::sleep(Duration::from_micros(us));
-    }
-}
-
 fn payload(pid: u64, seq: u64, slot: usize) -> Vec<u8> {
     let mut r = Rng::new((pid << 40) ^ seq ^ 0x55);
     let len = 8 + r.below(slot - 7);
@@ -145,7 +139,7 @@ struct Log {
 fn run_one(seed: u64) -> Result<(), String> {
     let mut rng = Rng::new(seed);
     let depth = 1 + rng.below(5);
-    let big = stress_mode("CUFERRY_STRESS_NO_BIG") && rng.below(4) == 0;
+    let big = stress::mode("CUFERRY_STRESS_NO_BIG") && rng.below(4) == 0;
     let slot = if big { 100_000 + rng.below(300_000) } else { 8 + rng.below(256) };
     let shared_pool = Arc::new(PackExecutor::new(1 + rng.below(4)).unwrap());
     let use_shared = rng.below(2) == 0;
@@ -153,7 +147,7 @@ fn run_one(seed: u64) -> Result<(), String> {
     let consumers = 1 + rng.below(4);
     let items = rng.below(40) as u64;
     let close_early = rng.below(3) == 0;
-    let flaky = stress_mode("CUFERRY_STRESS_NO_FLAKY") && rng.below(2) == 0;
+    let flaky = stress::mode("CUFERRY_STRESS_NO_FLAKY") && rng.below(2) == 0;
     let ring = if flaky {
         let mut b = StreamTransferBackend::new(Device::Host, false).unwrap();
         b.allocate_host_slots(depth, slot).unwrap();
@@ -518,31 +512,5 @@ fn run_one(seed: u64) -> Result<(), String> {
 
 #[test]
 fn ring_stress() {
-    let iters: u64 =
-        std::env::var("CUFERRY_STRESS_ITERS").ok().and_then(|s| s.parse().ok()).unwrap_or(DEFAULT_ITERS);
-    let base: u64 = std::env::var("CUFERRY_STRESS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
-    let mut failures = Vec::new();
-    for i in 0..iters {
-        let seed = base + i;
-        if let Err(e) = run_one(seed) {
-            println!("FAIL {e}");
-            failures.push(e);
-            if e_is_hang(&failures) || failures.len() > 5 {
-                break;
-            }
-        }
-        if i % 100 == 0 {
-            println!("iter {i} ok so far ({} failures)", failures.len());
-        }
-    }
-    assert!(failures.is_empty(), "{} failures: {:#?}", failures.len(), failures);
-}
-
-fn e_is_hang(f: &[String]) -> bool {
-    f.last().is_some_and(|e| e.starts_with("HANG"))
-}
-
-/// A mode of the stress run, on unless `off_var` is set (to narrow a failing seed down).
-fn stress_mode(off_var: &str) -> bool {
-    std::env::var_os(off_var).is_none()
+    stress::run_seeds(DEFAULT_ITERS, run_one);
 }

@@ -16,18 +16,12 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::stress::{self, pause};
 use common::Rng;
 use cuferry::{Device, Error, Event, Stream};
 
 /// Seeds run by the test suite (a few seconds); `CUFERRY_STRESS_ITERS` runs more.
 const DEFAULT_ITERS: u64 = 150;
-
-fn pause(rng: &mut Rng) {
-    let us = rng.below(201) as u64;
-    if us > 20 {
-        std::thread::sleep(Duration::from_micros(us));
-    }
-}
 
 /// Job states: 0 queued, 1 running, 2 done; runs counts executions.
 struct JobState {
@@ -154,7 +148,7 @@ fn run_one(seed: u64) -> Result<(), String> {
                         let js2 = Arc::clone(&js);
                         // Sometimes a job holds (and drops when it runs) a handle of some stream.
                         let held = if r.below(5) == 0 { m.streams[r.below(nstreams)].clone() } else { None };
-                        let panics = stress_mode("CUFERRY_STRESS_NO_PANICS") && r.below(6) == 0;
+                        let panics = stress::mode("CUFERRY_STRESS_NO_PANICS") && r.below(6) == 0;
                         {
                             let mut g = js.lock().unwrap();
                             g.stream_of[id] = m.streams[s].as_ref().unwrap().id();
@@ -294,7 +288,7 @@ fn run_one(seed: u64) -> Result<(), String> {
     // Wait for every job (some streams were dropped).
     let total = model.lock().unwrap().next_job;
     let mut finals: Vec<Stream> = Vec::new();
-    if stress_mode("CUFERRY_STRESS_NO_PANICS") {
+    if stress::mode("CUFERRY_STRESS_NO_PANICS") {
         let mut m = model.lock().unwrap();
         finals.extend(m.streams.iter().flatten().cloned());
         finals.append(&mut m.retired);
@@ -325,7 +319,7 @@ fn run_one(seed: u64) -> Result<(), String> {
     std::thread::sleep(Duration::from_millis(1));
     let g = js.lock().unwrap();
     let mut errs = g.errors.clone();
-    if stress_mode("CUFERRY_STRESS_NO_PANICS") {
+    if stress::mode("CUFERRY_STRESS_NO_PANICS") {
         let mut sids: Vec<u64> = (0..total).filter(|&i| g.panics[i]).map(|i| g.stream_of[i]).collect();
         sids.dedup();
         for sid in sids {
@@ -361,27 +355,5 @@ fn stream_stress() {
             default(info);
         }
     }));
-    let iters: u64 =
-        std::env::var("CUFERRY_STRESS_ITERS").ok().and_then(|s| s.parse().ok()).unwrap_or(DEFAULT_ITERS);
-    let base: u64 = std::env::var("CUFERRY_STRESS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
-    let mut failures = Vec::new();
-    for i in 0..iters {
-        if let Err(e) = run_one(base + i) {
-            println!("FAIL {e}");
-            let hang = e.starts_with("HANG");
-            failures.push(e);
-            if hang || failures.len() > 5 {
-                break;
-            }
-        }
-        if i % 100 == 0 {
-            println!("iter {i} ({} failures)", failures.len());
-        }
-    }
-    assert!(failures.is_empty(), "{failures:#?}");
-}
-
-/// A mode of the stress run, on unless `off_var` is set (to narrow a failing seed down).
-fn stress_mode(off_var: &str) -> bool {
-    std::env::var_os(off_var).is_none()
+    stress::run_seeds(DEFAULT_ITERS, run_one);
 }

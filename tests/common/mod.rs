@@ -10,6 +10,8 @@ use std::process::Command;
 
 use cuferry::Device;
 
+pub mod stress;
+
 /// The folder of an up-to-date libcuferry.so: `$CUFERRY_CDYLIB_DIR` (the GPU bundle), else
 /// built here by `cargo build --lib` in its own target dir (`cdylib/` under `$CARGO_TARGET_DIR`
 /// when set, else under `target/`): `cargo test` builds the library only as an rlib, and a
