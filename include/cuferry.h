@@ -225,9 +225,7 @@ typedef enum CuferryStatus {
    */
   CUFERRY_STATUS_INVALID_ARGUMENT = 1,
   /**
-   * Not available here (CUDA not built, missing capability), or host memory ran out for
-   * a host-backend allocation (the message says which; CUDA's out-of-memory is
-   * `CUFERRY_STATUS_CUDA`).
+   * Not available here (CUDA not built, missing capability).
    */
   CUFERRY_STATUS_UNSUPPORTED = 2,
   /**
@@ -239,7 +237,8 @@ typedef enum CuferryStatus {
    */
   CUFERRY_STATUS_NO_DEVICE = 4,
   /**
-   * A CUDA call failed; the message names it.
+   * A CUDA call failed (for lack of memory: `CUFERRY_STATUS_OUT_OF_MEMORY` instead); the
+   * message names it.
    */
   CUFERRY_STATUS_CUDA = 5,
   /**
@@ -266,6 +265,12 @@ typedef enum CuferryStatus {
    * Another process of a collective operation failed.
    */
   CUFERRY_STATUS_PEER_FAILED = 11,
+  /**
+   * An allocation did not fit: device or pinned memory (CUDA's `cudaErrorMemoryAllocation`;
+   * the message names the CUDA call), host memory, or a managed pool's size limit. cuferry
+   * freed its own cached memory and tried again first.
+   */
+  CUFERRY_STATUS_OUT_OF_MEMORY = 12,
 } CuferryStatus;
 
 /**

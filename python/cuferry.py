@@ -6,7 +6,8 @@ Rules:
   types set, so this module never drifts from the ABI. Structs of the header become ctypes
   Structures (`Library.structs`), its #defines and status codes attributes of `Library.const`.
 - A call returning a status other than OK raises `CuferryError` (or its subclass for
-  WOULD_BLOCK, TIMEOUT and CLOSED) with the library's message for the failing call.
+  WOULD_BLOCK, TIMEOUT, CLOSED and OUT_OF_MEMORY) with the library's message for the failing
+  call.
 - The classes own their handles: `free()` (or leaving a `with` block, or garbage collection)
   frees them once. Freeing waits for queued work as the C ABI does (a buffer's free waits
   for its copies), so dropping an object never frees memory under the device. Free a stream
@@ -58,8 +59,8 @@ import warnings
 import weakref
 
 __all__ = [
-    "HOST", "CuferryError", "WouldBlock", "Timeout", "Closed", "AllocationFailed", "Library", "load",
-    "HaloExchange", "HaloPacker", "ManagedAllocation",
+    "HOST", "CuferryError", "WouldBlock", "Timeout", "Closed", "OutOfMemory", "AllocationFailed", "Library",
+    "load", "HaloExchange", "HaloPacker", "ManagedAllocation",
 ]
 
 HOST = -1
@@ -90,6 +91,12 @@ class Timeout(CuferryError):
 
 class Closed(CuferryError):
     """The ring was closed (CUFERRY_STATUS_CLOSED); consumers see it once drained."""
+
+
+class OutOfMemory(CuferryError):
+    """An allocation did not fit (CUFERRY_STATUS_OUT_OF_MEMORY): device or pinned memory,
+    host memory, or a managed pool's size limit. The library freed its own cached memory and
+    tried again before raising; freeing the caller's memory is what may help."""
 
 
 class AllocationFailed(CuferryError):
@@ -235,6 +242,7 @@ class Library:
             header.statuses["CUFERRY_STATUS_WOULD_BLOCK"]: WouldBlock,
             header.statuses["CUFERRY_STATUS_TIMEOUT"]: Timeout,
             header.statuses["CUFERRY_STATUS_CLOSED"]: Closed,
+            header.statuses["CUFERRY_STATUS_OUT_OF_MEMORY"]: OutOfMemory,
         }
         self._checked = set()
         self._integers = {}

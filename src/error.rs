@@ -6,6 +6,9 @@
 //!   read from static cudart at the failure site, so `Display` never calls CUDA. CUDA errors 35
 //!   (insufficient driver) and 100 (no device) become [`Error::NoDriver`] and
 //!   [`Error::NoDevice`]; a build without nvcc reports [`Error::Unsupported`].
+//! - Memory running out is recognisable without reading messages: [`Error::is_out_of_memory`]
+//!   is true for CUDA's out-of-memory ([`Error::Cuda`] with `cudaErrorMemoryAllocation`) and
+//!   for [`Error::OutOfMemory`] (host memory, or a pool's own size limit).
 //! - `Drop` never panics. A failure while freeing is kept (the first one) and handed back by
 //!   [`take_drop_error`] and by the next [`Stream::synchronize`](crate::Stream::synchronize).
 
@@ -15,7 +18,10 @@ use std::sync::Mutex;
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong in cuferry.
+///
+/// New kinds of failure may be added, so a `match` needs a wildcard arm.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A CUDA runtime call failed.
     #[error("{call} failed with {name} ({code}): {description}")]
@@ -42,11 +48,19 @@ pub enum Error {
         call: &'static str,
     },
     /// The operation is not available here: CUDA not compiled in, a device capability missing,
-    /// or a backend that cannot do it. Also host memory running out for the host backend's
-    /// allocations (the message says so); CUDA's own out-of-memory is [`Error::Cuda`].
+    /// or a backend that cannot do it.
     #[error("unsupported: {what}")]
     Unsupported {
         /// What is missing, naming the capability or build setting.
+        what: String,
+    },
+    /// An allocation did not fit: host memory ran out (the host backend's buffers, host slots
+    /// and managed memory), or a managed pool reached the size limit it was made with. CUDA's
+    /// own out-of-memory stays [`Error::Cuda`], naming its call; [`Error::is_out_of_memory`]
+    /// recognises both.
+    #[error("out of memory: {what}")]
+    OutOfMemory {
+        /// What was being allocated, and how much.
         what: String,
     },
     /// An argument was rejected before any work was queued.
@@ -107,6 +121,27 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether this is an allocation failing for lack of memory: [`Error::OutOfMemory`], or a
+    /// CUDA allocation refused with `cudaErrorMemoryAllocation` (device memory, pinned host
+    /// memory, a memory pool at its limit). cuferry has already freed its own cached memory and
+    /// tried again before returning either, so what helps now is freeing the caller's.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuferry::Error;
+    ///
+    /// assert!(Error::OutOfMemory { what: "4 GiB of host slots".into() }.is_out_of_memory());
+    /// assert!(!Error::InvalidArgument { what: "zero-length slot".into() }.is_out_of_memory());
+    /// ```
+    pub fn is_out_of_memory(&self) -> bool {
+        match self {
+            Error::OutOfMemory { .. } => true,
+            Error::Cuda { code, .. } => *code == CUDA_ERROR_MEMORY_ALLOCATION,
+            _ => false,
+        }
+    }
+
     /// Shorthand for [`Error::InvalidArgument`].
     pub(crate) fn invalid(what: impl Into<String>) -> Self {
         Error::InvalidArgument { what: what.into() }
@@ -116,7 +151,16 @@ impl Error {
     pub(crate) fn unsupported(what: impl Into<String>) -> Self {
         Error::Unsupported { what: what.into() }
     }
+
+    /// Shorthand for [`Error::OutOfMemory`].
+    pub(crate) fn out_of_memory(what: impl Into<String>) -> Self {
+        Error::OutOfMemory { what: what.into() }
+    }
 }
+
+/// `cudaErrorMemoryAllocation`, the CUDA runtime's code for out of memory (stable since CUDA
+/// 1.0; the driver API's `CUDA_ERROR_OUT_OF_MEMORY` has the same value).
+const CUDA_ERROR_MEMORY_ALLOCATION: i32 = 2;
 
 /// The first failure seen while dropping a resource, waiting to be reported.
 static DROP_ERROR: Mutex<Option<Error>> = Mutex::new(None);

@@ -128,6 +128,17 @@ fn bad_arguments(device: Device) {
         let said = huge.as_ref().map_err(|e| e.to_string());
         assert!(said.is_err_and(|m| m.contains("larger than any allocation")), "{huge:?}");
     }
+    // A size that is valid but fits nowhere: out of memory, recognisably so on every device
+    // (the host's own variant; CUDA's cudaErrorMemoryAllocation), not a missing capability.
+    let unservable = (isize::MAX as usize - 4095) / 8;
+    for err in [
+        DeviceBuffer::<u64>::zeroed(&stream, unservable).map(drop),
+        PinnedBuffer::<u64>::zeroed(device, unservable).map(drop),
+    ] {
+        let err = err.expect_err("an allocation of 8 EiB succeeded");
+        assert!(err.is_out_of_memory(), "{err:?}");
+        assert_eq!(device.is_host(), matches!(err, Error::OutOfMemory { .. }), "{err:?}");
+    }
     assert_eq!(b.to_vec(&stream).unwrap(), vec![0; 4], "a rejected copy wrote something");
     // Zero-sized elements would make non-empty buffers of zero bytes (a null pointer).
     assert!(matches!(DeviceBuffer::<()>::zeroed(&stream, 3), Err(Error::InvalidArgument { .. })));

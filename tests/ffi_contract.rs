@@ -310,3 +310,38 @@ fn managed_pool_configure_keeps_the_first_options() {
         assert_eq!(cuferry_managed_pool_configure(device, 0, 0), CuferryStatus::InvalidArgument);
     }
 }
+
+/// `cuferry_status_name` knows every status of the header's enum by the header's own name (a
+/// status added without a name would print as UNKNOWN).
+#[test]
+fn every_status_of_the_header_has_its_name() {
+    let header = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/include/cuferry.h")).unwrap();
+    let start = header.find("typedef enum CuferryStatus {").expect("the status enum");
+    let end = start + header[start..].find("} CuferryStatus;").expect("the enum's end");
+    let mut seen = 0;
+    for line in header[start..end].lines().map(str::trim) {
+        let Some((name, value)) = line.strip_suffix(',').and_then(|l| l.split_once(" = ")) else { continue };
+        let value: i32 = value.parse().unwrap();
+        // SAFETY: any integer is accepted; the result is a static NUL-terminated string.
+        let got = unsafe { CStr::from_ptr(cuferry_status_name(value)) }.to_str().unwrap();
+        assert_eq!(got, name, "status {value}");
+        seen += 1;
+    }
+    assert!(seen >= 13, "only {seen} statuses parsed from the header");
+}
+
+/// Host memory running out is `CUFERRY_STATUS_OUT_OF_MEMORY` (not UNSUPPORTED, which says a
+/// capability is missing), with a message saying how much, and `*out` untouched.
+#[test]
+fn host_memory_running_out_is_its_own_status() {
+    let sentinel = 0x1234usize as *mut CuferryBuffer;
+    let mut out = sentinel;
+    let bytes = isize::MAX as usize - 4095; // a valid layout no allocator can serve
+                                            // SAFETY: a writable out-parameter.
+    let status = unsafe { cuferry_pinned_alloc(CUFERRY_HOST, bytes, &mut out) };
+    assert_eq!(status, CuferryStatus::OutOfMemory);
+    assert_eq!(out, sentinel, "cuferry_pinned_alloc wrote *out although it failed");
+    // SAFETY: the message is a NUL-terminated string owned by this thread.
+    let message = unsafe { CStr::from_ptr(cuferry_last_error_message()) }.to_string_lossy().into_owned();
+    assert!(message.contains("out of memory") && message.contains(&bytes.to_string()), "{message}");
+}

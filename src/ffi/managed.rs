@@ -382,7 +382,7 @@ unsafe fn ranges_of(
     let mut ranges = Vec::new();
     ranges
         .try_reserve_exact(count)
-        .map_err(|e| Error::unsupported(format!("no memory for {count} ranges: {e}")))?;
+        .map_err(|e| Error::out_of_memory(format!("no memory for {count} ranges: {e}")))?;
     // SAFETY: the caller's contract: `count` readable elements each.
     let (p, s) =
         unsafe { (std::slice::from_raw_parts(ptrs, count), std::slice::from_raw_parts(sizes, count)) };

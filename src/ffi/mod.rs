@@ -57,15 +57,14 @@ pub enum CuferryStatus {
     Ok = 0,
     /// An argument was rejected (NULL handle, range out of bounds, ...).
     InvalidArgument = 1,
-    /// Not available here (CUDA not built, missing capability), or host memory ran out for
-    /// a host-backend allocation (the message says which; CUDA's out-of-memory is
-    /// `CUFERRY_STATUS_CUDA`).
+    /// Not available here (CUDA not built, missing capability).
     Unsupported = 2,
     /// No NVIDIA driver.
     NoDriver = 3,
     /// No CUDA device.
     NoDevice = 4,
-    /// A CUDA call failed; the message names it.
+    /// A CUDA call failed (for lack of memory: `CUFERRY_STATUS_OUT_OF_MEMORY` instead); the
+    /// message names it.
     Cuda = 5,
     /// Nothing available right now.
     WouldBlock = 6,
@@ -79,6 +78,10 @@ pub enum CuferryStatus {
     Mpi = 10,
     /// Another process of a collective operation failed.
     PeerFailed = 11,
+    /// An allocation did not fit: device or pinned memory (CUDA's `cudaErrorMemoryAllocation`;
+    /// the message names the CUDA call), host memory, or a managed pool's size limit. cuferry
+    /// freed its own cached memory and tried again first.
+    OutOfMemory = 12,
 }
 
 impl From<&Error> for CuferryStatus {
@@ -86,6 +89,7 @@ impl From<&Error> for CuferryStatus {
         match e {
             Error::InvalidArgument { .. } => CuferryStatus::InvalidArgument,
             Error::Unsupported { .. } => CuferryStatus::Unsupported,
+            Error::Cuda { .. } if e.is_out_of_memory() => CuferryStatus::OutOfMemory,
             Error::NoDriver { .. } => CuferryStatus::NoDriver,
             Error::NoDevice { .. } => CuferryStatus::NoDevice,
             Error::Cuda { .. } | Error::DropFailed(_) => CuferryStatus::Cuda,
@@ -95,6 +99,7 @@ impl From<&Error> for CuferryStatus {
             Error::HostFnPanicked { .. } => CuferryStatus::Panic,
             Error::Mpi { .. } => CuferryStatus::Mpi,
             Error::PeerFailed { .. } => CuferryStatus::PeerFailed,
+            Error::OutOfMemory { .. } => CuferryStatus::OutOfMemory,
         }
     }
 }
@@ -240,6 +245,7 @@ pub extern "C" fn cuferry_status_name(status: i32) -> *const c_char {
         9 => "CUFERRY_STATUS_PANIC\0",
         10 => "CUFERRY_STATUS_MPI\0",
         11 => "CUFERRY_STATUS_PEER_FAILED\0",
+        12 => "CUFERRY_STATUS_OUT_OF_MEMORY\0",
         _ => "CUFERRY_STATUS_UNKNOWN\0",
     };
     name.as_ptr().cast()

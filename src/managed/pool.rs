@@ -195,9 +195,8 @@ impl PoolInner {
         loop {
             let after = used.saturating_add(bytes as u64);
             if after > limit {
-                return Err(Error::unsupported(format!(
-                    "a managed pool of at most {limit} bytes has {used} in use: {bytes} more do not fit \
-                     (out of memory)"
+                return Err(Error::out_of_memory(format!(
+                    "a managed pool of at most {limit} bytes has {used} in use: {bytes} more do not fit"
                 )));
             }
             match self.used.compare_exchange_weak(used, after, Ordering::AcqRel, Ordering::Acquire) {
@@ -249,9 +248,7 @@ impl PoolInner {
                     }
                 };
                 if p.is_null() {
-                    return Err(Error::unsupported(format!(
-                        "host allocation of {bytes} bytes failed (out of memory)"
-                    )));
+                    return Err(Error::out_of_memory(format!("a host allocation of {bytes} bytes failed")));
                 }
                 p
             }

@@ -31,10 +31,6 @@ use crate::error::{record_drop_error, Error, Result};
 use crate::memory::reaper::{self, Capped};
 use crate::memory::tracker::UseTracker;
 
-/// The end of the message of a host-backend allocation that failed for lack of memory (the
-/// one [`is_out_of_memory`] recognises).
-const HOST_OUT_OF_MEMORY: &str = "(out of memory)";
-
 /// Alignment of host-backend allocations.
 pub(crate) const HOST_ALIGN: usize = 4096;
 
@@ -158,8 +154,8 @@ fn retry_after_frees_in<R>(
 ) -> Result<R> {
     let covers = |p| draws_on.covers(p);
     match alloc() {
-        Err(err) if is_out_of_memory(&err) && hopeless() => Err(err),
-        Err(err) if is_out_of_memory(&err) => {
+        Err(err) if err.is_out_of_memory() && hopeless() => Err(err),
+        Err(err) if err.is_out_of_memory() => {
             cache.release_where(covers);
             if !crate::stream::host::in_job() {
                 cache.wait_for_leaving(covers);
@@ -182,17 +178,8 @@ fn class_or_exact(
     mut allocate: impl FnMut(usize) -> Result<TrackedAllocation>,
 ) -> Result<TrackedAllocation> {
     match allocate(capacity) {
-        Err(err) if capacity > bytes && is_out_of_memory(&err) => allocate(bytes),
+        Err(err) if capacity > bytes && err.is_out_of_memory() => allocate(bytes),
         other => other,
-    }
-}
-
-/// Whether `err` is an allocation failing for lack of memory (CUDA's, or the host's).
-fn is_out_of_memory(err: &Error) -> bool {
-    match err {
-        Error::Cuda { name, .. } => *name == "cudaErrorMemoryAllocation",
-        Error::Unsupported { what } => what.ends_with(HOST_OUT_OF_MEMORY),
-        _ => false,
     }
 }
 
@@ -220,9 +207,8 @@ impl TrackedAllocation {
             Error::invalid(format!("host allocation of {bytes} bytes: larger than any allocation can be"))
         })?;
         // SAFETY: the layout has a non-zero size (checked above).
-        let ptr = NonNull::new(unsafe { alloc::alloc_zeroed(layout) }).ok_or_else(|| {
-            Error::unsupported(format!("host allocation of {bytes} bytes failed {HOST_OUT_OF_MEMORY}"))
-        })?;
+        let ptr = NonNull::new(unsafe { alloc::alloc_zeroed(layout) })
+            .ok_or_else(|| Error::out_of_memory(format!("a host allocation of {bytes} bytes failed")))?;
         Ok(Self::new(ptr.as_ptr(), bytes, Origin::Host(Some((ptr, layout)))))
     }
 
@@ -559,7 +545,7 @@ mod tests {
         assert!(matches!(got, Err(Error::InvalidArgument { .. })));
         // The host allocator's own failure is recognised as a lack of memory.
         let host = super::TrackedAllocation::host_zeroed(isize::MAX as usize - 4095).map(drop);
-        assert!(host.as_ref().is_err_and(super::is_out_of_memory), "{host:?}");
+        assert!(matches!(host, Err(Error::OutOfMemory { .. })), "{host:?}");
         assert_eq!(calls.load(Ordering::SeqCst), 1, "a failure other than out-of-memory was retried");
     }
 
@@ -674,7 +660,7 @@ mod tests {
             panic!("the job's allocation waited for work queued behind its job");
         }
         assert!(
-            matches!(got, Ok(Err(Error::Unsupported { .. }))),
+            matches!(got, Ok(Err(Error::OutOfMemory { .. }))),
             "the job's allocation did not fail at once: {got:?}"
         );
         stream.synchronize().unwrap();

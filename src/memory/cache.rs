@@ -918,7 +918,7 @@ pub(crate) mod tests {
         // A petabyte: its class is itself, over the cap, and no host has it. The host
         // allocator refuses it for lack of memory (not as a bad layout), so the retry runs.
         let huge = DeviceBuffer::<u8>::zeroed_cached(&Stream::new(Device::Host).unwrap(), 1 << 50);
-        assert!(matches!(huge, Err(crate::Error::Unsupported { .. })), "{huge:?}");
+        assert!(matches!(huge, Err(crate::Error::OutOfMemory { .. })), "{huge:?}");
         assert_eq!(global().count_of(Place::Host, ODD_CLASS), 0, "the failure did not release the cache");
         let again = PinnedBuffer::<u8>::staging(Device::Host, ODD_LEN).unwrap();
         assert!(again.as_slice().is_ok());

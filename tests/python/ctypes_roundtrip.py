@@ -53,6 +53,14 @@ with lib.stream(device) as stream, lib.pinned(device, n) as src, lib.device_buff
             raise AssertionError("device memory read from the host")
         except ValueError:
             pass
+# Memory that fits nowhere raises OutOfMemory, its own status (host memory on the host
+# backend; cudaHostAlloc's cudaErrorMemoryAllocation on CUDA).
+try:
+    lib.pinned(device, 2**63 - 2**12)
+    raise AssertionError("8 EiB of pinned memory were allocated")
+except cuferry.OutOfMemory as e:
+    assert e.name == "CUFERRY_STATUS_OUT_OF_MEMORY", e
+    assert device != cuferry.HOST or str(2**63 - 2**12) in e.message, e
 # An empty buffer has no address: reading and writing nothing still work.
 with lib.pinned(device, 0) as empty:
     assert empty.size == 0 and empty.read() == b"", "an empty buffer reads as nothing"
