@@ -433,6 +433,15 @@ const char *cuferry_version(void);
 const char *cuferry_last_error_message(void);
 
 /**
+ * The status of the failure `cuferry_last_error_message` describes (`CUFERRY_STATUS_OK`
+ * when this thread has had none). For the calls that return no status: a NULL from
+ * `cuferry_managed_malloc` is explained here (`CUFERRY_STATUS_OUT_OF_MEMORY` when the
+ * memory did not fit), and a mismatch `cuferry_managed_free` reports is
+ * `CUFERRY_STATUS_INVALID_ARGUMENT`.
+ */
+enum CuferryStatus cuferry_last_error_status(void);
+
+/**
  * A static name for a status value, e.g. "CUFERRY_STATUS_INVALID_ARGUMENT"; takes a plain
  * integer so that any value C passes is safe ("CUFERRY_STATUS_UNKNOWN" otherwise).
  */
@@ -675,7 +684,8 @@ enum CuferryStatus cuferry_halo_unpack_buffer(struct CuferryHaloPacker *packer,
 
 /**
  * Allocates `size` bytes of managed memory for `device`, in order on `stream`
- * (`CUDAPluggableAllocator`'s alloc). NULL on failure (see `cuferry_last_error_message`).
+ * (`CUDAPluggableAllocator`'s alloc). NULL on failure (see `cuferry_last_error_message`, and
+ * `cuferry_last_error_status` for its status).
  *
  * # Safety
  *
@@ -686,7 +696,8 @@ void *cuferry_managed_malloc(ssize_t size, int device, void *stream);
 /**
  * Frees memory from [`cuferry_managed_malloc`] in order on `stream`
  * (`CUDAPluggableAllocator`'s free); NULL is a no-op. Unknown pointers and size or device
- * mismatches are reported through `cuferry_last_error_message` and ignored. When the free
+ * mismatches are reported through `cuferry_last_error_message` (and
+ * `cuferry_last_error_status`) and ignored. When the free
  * itself fails (a stale stream), the allocation stays live and may be freed again.
  *
  * # Safety

@@ -59,8 +59,8 @@ import warnings
 import weakref
 
 __all__ = [
-    "HOST", "CuferryError", "WouldBlock", "Timeout", "Closed", "OutOfMemory", "AllocationFailed", "Library",
-    "load", "HaloExchange", "HaloPacker", "ManagedAllocation",
+    "HOST", "CuferryError", "WouldBlock", "Timeout", "Closed", "OutOfMemory", "AllocationFailed",
+    "ManagedOutOfMemory", "Library", "load", "HaloExchange", "HaloPacker", "ManagedAllocation",
 ]
 
 HOST = -1
@@ -101,7 +101,13 @@ class OutOfMemory(CuferryError):
 
 class AllocationFailed(CuferryError):
     """`cuferry_managed_malloc` returned NULL. That call returns no status (it keeps PyTorch's
-    allocator signature): `status` is None, `name` "NULL", and the message says why."""
+    allocator signature): `status` and `name` are those `cuferry_last_error_status` gives for
+    it, and the message says why."""
+
+
+class ManagedOutOfMemory(AllocationFailed, OutOfMemory):
+    """`cuferry_managed_malloc` returned NULL for lack of memory (or past its pool's size
+    limit): caught by `except OutOfMemory` as well as by `except AllocationFailed`."""
 
 
 # ---- the header ---------------------------------------------------------------------------
@@ -368,7 +374,10 @@ class Library:
         ptr = self.raw.cuferry_managed_malloc(nbytes, device, _raw_stream(stream, device))
         if not ptr:
             message = (self.raw.cuferry_last_error_message() or b"").decode(errors="replace")
-            raise AllocationFailed("cuferry_managed_malloc", None, "NULL", message)
+            status = self.raw.cuferry_last_error_status()
+            oom = status == self.const.CUFERRY_STATUS_OUT_OF_MEMORY
+            raise (ManagedOutOfMemory if oom else AllocationFailed)(
+                "cuferry_managed_malloc", status, self._status_names.get(status, "unknown status"), message)
         allocation = ManagedAllocation(self, ptr, nbytes, device, stream)
         if isinstance(stream, Stream):
             stream._allocations.add(allocation)

@@ -344,4 +344,37 @@ fn host_memory_running_out_is_its_own_status() {
     // SAFETY: the message is a NUL-terminated string owned by this thread.
     let message = unsafe { CStr::from_ptr(cuferry_last_error_message()) }.to_string_lossy().into_owned();
     assert!(message.contains("out of memory") && message.contains(&bytes.to_string()), "{message}");
+    assert_eq!(cuferry_last_error_status(), CuferryStatus::OutOfMemory);
+}
+
+/// `cuferry_last_error_status` is the status of the failure the message describes: OK on a
+/// thread that has had none, then each failure's own status (kept across later successes,
+/// as the message is), including for `cuferry_managed_malloc`, which returns only NULL, and
+/// the mismatch `cuferry_managed_free` reports.
+#[test]
+fn the_last_error_has_a_status() {
+    std::thread::spawn(|| {
+        assert_eq!(cuferry_last_error_status(), CuferryStatus::Ok, "a fresh thread has no error");
+        let mut out: *mut CuferryBuffer = ptr::null_mut();
+        // SAFETY: a writable out-parameter.
+        assert_eq!(unsafe { cuferry_pinned_alloc(-7, 16, &mut out) }, CuferryStatus::InvalidArgument);
+        assert_eq!(cuferry_last_error_status(), CuferryStatus::InvalidArgument);
+        // SAFETY: a writable out-parameter; the buffer is freed once below.
+        assert_eq!(unsafe { cuferry_pinned_alloc(CUFERRY_HOST, 16, &mut out) }, CuferryStatus::Ok);
+        assert_eq!(cuferry_last_error_status(), CuferryStatus::InvalidArgument, "kept across a success");
+        // SAFETY: a live buffer, freed once.
+        assert_eq!(unsafe { cuferry_buffer_free(out) }, CuferryStatus::Ok);
+        // SAFETY: a plain allocation request on the host pool (4 EiB cannot fit).
+        let p = unsafe { cuferry_managed_malloc(1 << 62, CUFERRY_HOST, ptr::null_mut()) };
+        assert!(p.is_null());
+        assert_eq!(cuferry_last_error_status(), CuferryStatus::OutOfMemory);
+        // SAFETY: as above, a size that fits.
+        let p = unsafe { cuferry_managed_malloc(64, CUFERRY_HOST, ptr::null_mut()) };
+        assert!(!p.is_null());
+        // SAFETY: the allocation above, freed once (with a wrong size, which is reported).
+        unsafe { cuferry_managed_free(p, 32, CUFERRY_HOST, ptr::null_mut()) };
+        assert_eq!(cuferry_last_error_status(), CuferryStatus::InvalidArgument);
+    })
+    .join()
+    .unwrap();
 }

@@ -174,7 +174,8 @@ fn device_scope(device: c_int) -> Result<Option<DeviceScope>> {
 }
 
 /// Allocates `size` bytes of managed memory for `device`, in order on `stream`
-/// (`CUDAPluggableAllocator`'s alloc). NULL on failure (see `cuferry_last_error_message`).
+/// (`CUDAPluggableAllocator`'s alloc). NULL on failure (see `cuferry_last_error_message`, and
+/// `cuferry_last_error_status` for its status).
 ///
 /// # Safety
 ///
@@ -211,7 +212,8 @@ pub unsafe extern "C" fn cuferry_managed_malloc(
 
 /// Frees memory from [`cuferry_managed_malloc`] in order on `stream`
 /// (`CUDAPluggableAllocator`'s free); NULL is a no-op. Unknown pointers and size or device
-/// mismatches are reported through `cuferry_last_error_message` and ignored. When the free
+/// mismatches are reported through `cuferry_last_error_message` (and
+/// `cuferry_last_error_status`) and ignored. When the free
 /// itself fails (a stale stream), the allocation stays live and may be freed again.
 ///
 /// # Safety
@@ -237,9 +239,10 @@ pub unsafe extern "C" fn cuferry_managed_free(
             )));
         };
         if dev != device || usize::try_from(size).ok() != Some(bytes) {
-            set_last_error(format!(
-                "free of {ptr:?}: given size {size} on device {device}, allocated {bytes} on {dev}"
-            ));
+            set_last_error(
+                CuferryStatus::InvalidArgument,
+                format!("free of {ptr:?}: given size {size} on device {device}, allocated {bytes} on {dev}"),
+            );
         }
         let freed = device_scope(dev).and_then(|_scope| {
             let pool = pool_for(dev)?;

@@ -120,18 +120,19 @@ pub(crate) enum BufferMemory {
 }
 
 thread_local! {
-    /// The message of this thread's last failed call.
-    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+    /// The status and message of this thread's last failed call.
+    static LAST_ERROR: RefCell<(CuferryStatus, CString)> =
+        RefCell::new((CuferryStatus::Ok, CString::default()));
 }
 
-/// Keeps `message` as this thread's last error. During thread teardown (a C library's
-/// pthread key destructor runs after Rust's thread-locals are gone) the message is dropped:
-/// `with` would panic there, outside any `catch_unwind`, and abort the process.
-pub(crate) fn set_last_error(message: String) {
+/// Keeps `status` and `message` as this thread's last error. During thread teardown (a C
+/// library's pthread key destructor runs after Rust's thread-locals are gone) they are
+/// dropped: `with` would panic there, outside any `catch_unwind`, and abort the process.
+pub(crate) fn set_last_error(status: CuferryStatus, message: String) {
     let c = CString::new(message.replace('\0', " ")).unwrap_or_default();
     let _ = LAST_ERROR.try_with(|slot| {
         if let Ok(mut kept) = slot.try_borrow_mut() {
-            *kept = c;
+            *kept = (status, c);
         }
     });
 }
@@ -142,12 +143,13 @@ pub(crate) fn guard(f: impl FnOnce() -> Result<()>) -> CuferryStatus {
         Ok(Ok(())) => CuferryStatus::Ok,
         Ok(Err(e)) => {
             let status = CuferryStatus::from(&e);
-            set_last_error(e.to_string());
+            set_last_error(status, e.to_string());
             status
         }
         Err(panic) => {
             crate::stream::host::discard_panic(panic);
-            set_last_error("a Rust panic was caught at the C boundary (a cuferry bug)".into());
+            let message = "a Rust panic was caught at the C boundary (a cuferry bug)";
+            set_last_error(CuferryStatus::Panic, message.into());
             CuferryStatus::Panic
         }
     }
@@ -222,10 +224,24 @@ pub extern "C" fn cuferry_version() -> *const c_char {
 #[no_mangle]
 pub extern "C" fn cuferry_last_error_message() -> *const c_char {
     LAST_ERROR
-        .try_with(|slot| slot.try_borrow().map(|m| m.as_ptr()).ok())
+        .try_with(|slot| slot.try_borrow().map(|kept| kept.1.as_ptr()).ok())
         .ok()
         .flatten()
         .unwrap_or(c"".as_ptr())
+}
+
+/// The status of the failure `cuferry_last_error_message` describes (`CUFERRY_STATUS_OK`
+/// when this thread has had none). For the calls that return no status: a NULL from
+/// `cuferry_managed_malloc` is explained here (`CUFERRY_STATUS_OUT_OF_MEMORY` when the
+/// memory did not fit), and a mismatch `cuferry_managed_free` reports is
+/// `CUFERRY_STATUS_INVALID_ARGUMENT`.
+#[no_mangle]
+pub extern "C" fn cuferry_last_error_status() -> CuferryStatus {
+    LAST_ERROR
+        .try_with(|slot| slot.try_borrow().map(|kept| kept.0).ok())
+        .ok()
+        .flatten()
+        .unwrap_or(CuferryStatus::Ok)
 }
 
 /// A static name for a status value, e.g. "CUFERRY_STATUS_INVALID_ARGUMENT"; takes a plain

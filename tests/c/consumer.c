@@ -62,6 +62,7 @@ int main(int argc, char **argv) {
   /* Bad arguments are errors with a message, never crashes. */
   CHECK(cuferry_copy(stream, src, n - 5, back, 0, 10) == CUFERRY_STATUS_INVALID_ARGUMENT);
   CHECK(strlen(cuferry_last_error_message()) > 0);
+  CHECK(cuferry_last_error_status() == CUFERRY_STATUS_INVALID_ARGUMENT);
   /* Within one buffer: overlapping ranges are refused, disjoint ones copy. */
   CHECK(cuferry_copy(stream, src, 0, (CuferryBuffer *)src, 0, 1) == CUFERRY_STATUS_INVALID_ARGUMENT);
   CHECK(cuferry_copy(stream, src, 0, (CuferryBuffer *)src, 5, 10) == CUFERRY_STATUS_INVALID_ARGUMENT);

@@ -70,8 +70,8 @@ def configured_pool():
             assert ctypes.string_at(m.ptr, 10) == b"configured"
         assert lib.pool_stats(device)["used_current"] == n, lib.pool_stats(device)
         # Past the limit: refused at once, as an allocation out of memory is.
-        e = raises(cuferry.AllocationFailed, lambda: lib.managed_alloc(device, limit, stream), "at most")
-        assert e.status is None, e
+        e = raises(cuferry.OutOfMemory, lambda: lib.managed_alloc(device, limit, stream), "at most")
+        assert isinstance(e, cuferry.AllocationFailed) and e.name == "CUFERRY_STATUS_OUT_OF_MEMORY", e
     print("python managed (configured pool) passed")
 
 
@@ -276,9 +276,10 @@ with lib.stream(device) as stream:
     raises(ValueError, lambda: lib.managed_alloc(True, 16), "integer")
     raises(cuferry.CuferryError, lambda: lib.prefetch(0x1000, 64, "host", stream), "not inside managed memory")
     if HOST:
-        # The allocator pair reports a failure as NULL and the last error message.
-        e = raises(cuferry.AllocationFailed, lambda: lib.managed_alloc(device, 1 << 62), "")
-        assert e.name == "NULL" and e.status is None and e.message, e
+        # The allocator pair reports a failure as NULL, the last error message and its status.
+        e = raises(cuferry.ManagedOutOfMemory, lambda: lib.managed_alloc(device, 1 << 62), "")
+        assert e.name == "CUFERRY_STATUS_OUT_OF_MEMORY" and e.status == lib.const.CUFERRY_STATUS_OUT_OF_MEMORY, e
+        assert e.message and isinstance(e, cuferry.OutOfMemory), e
         # HOST names the host as a location too, so device-generic code runs on the host backend.
         with lib.managed_alloc(device, 4096) as small:
             lib.prefetch(small, 4096, cuferry.HOST)
