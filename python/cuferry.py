@@ -95,8 +95,9 @@ class Closed(CuferryError):
 
 class OutOfMemory(CuferryError):
     """An allocation did not fit (CUFERRY_STATUS_OUT_OF_MEMORY): device or pinned memory,
-    host memory, or a managed pool's size limit. The library freed its own cached memory and
-    tried again before raising; freeing the caller's memory is what may help."""
+    host memory, or a managed pool's size limit. Where memory ran out, the library freed its
+    own cached memory and tried again before raising (a pool at its limit fails at once);
+    freeing the caller's memory is what may help."""
 
 
 class AllocationFailed(CuferryError):
@@ -262,7 +263,8 @@ class Library:
                 for i, t in enumerate(fn.argtypes)
                 if t in _UNSIGNED or t in _SIGNED
             ]
-            if ret == "enum CuferryStatus":
+            # A status getter returns a status as its value, not as its own failure.
+            if ret == "enum CuferryStatus" and name != "cuferry_last_error_status":
                 self._checked.add(name)
 
     def call(self, name, *args):

@@ -15,10 +15,15 @@
 # - The sanitizers need the nightly toolchain with its standard library rebuilt instrumented
 #   (-Zbuild-std, from the rust-src component); both are installed through rustup when
 #   missing. The stable build is untouched: the target directory is target/sanitize-KIND.
-# - Every test binary runs to its end, then the script fails if any test failed or any
-#   binary printed a sanitizer report; the logs stay in target/sanitize-KIND/logs.
-# - The leaks cuferry makes on purpose are listed, each with its reason, in
-#   scripts/lsan-suppressions.txt; any other leak fails the run.
+# - A build failure fails the script before anything runs, and so does a NAME that names no
+#   test target.
+# - Every test binary runs (ThreadSanitizer reports and goes on; AddressSanitizer stops a
+#   binary at its first report), each within CUFERRY_SANITIZE_TIMEOUT seconds (1800 unless
+#   set); the script fails if any binary failed, timed out or printed a sanitizer report.
+#   The logs stay in target/sanitize-KIND/logs.
+# - The leaks cuferry makes on purpose outside tests are listed, each with its reason, in
+#   scripts/lsan-suppressions.txt; tests keep what they leak on purpose reachable
+#   (memory::leaked_on_purpose). Any other leak fails the run.
 # - The tests run without RUSTFLAGS: those that build the C library themselves (c_abi,
 #   python_ctypes) build it with the stable toolchain, uninstrumented.
 # - The stress tests run CUFERRY_STRESS_ITERS rounds (30 unless set): instrumented code runs
@@ -51,9 +56,16 @@ path_without_nvcc=$(printf '%s\n' "$PATH" | tr ':' '\n' | while IFS= read -r d; 
 export PATH="${path_without_nvcc%:}" CUFERRY_TOOLKIT_DIR=/nonexistent CUFERRY_REQUIRE_CUDA=0
 unset NVCC CUDA_HOME CUDA_PATH
 
-# "name executable" for every test target, from cargo's own report of what it built.
-mapfile -t built < <(cargo +nightly test -Zbuild-std --target "$target" --tests --no-run \
-  --message-format=json | python3 -c '
+# "name executable" for every test target, from cargo's own report of what it built. (Written
+# to a file first: a process substitution's exit status would be lost.)
+mkdir -p "$CARGO_TARGET_DIR"
+artifacts="$CARGO_TARGET_DIR/test-artifacts.json"
+if ! cargo +nightly test -Zbuild-std --target "$target" --tests --no-run --message-format=json \
+  >"$artifacts"; then
+  echo "the $kind-sanitized build failed" >&2
+  exit 1
+fi
+mapfile -t built < <(python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
@@ -62,7 +74,13 @@ for line in sys.stdin:
     kinds = m["target"]["kind"]
     name = "bin" if "bin" in kinds else "lib" if "test" not in kinds else m["target"]["name"]
     print(name, m["executable"])
-')
+' <"$artifacts")
+for wanted in "$@"; do
+  if ! printf '%s\n' "${built[@]}" | cut -d' ' -f1 | grep -qx "$wanted"; then
+    echo "no test target is named $wanted (names: lib, bin, or a file of tests/ without .rs)" >&2
+    exit 2
+  fi
+done
 
 # allocator_may_return_null: the out-of-memory tests ask for exabytes and expect a refusal.
 export TSAN_OPTIONS="halt_on_error=0 second_deadlock_stack=1 allocator_may_return_null=1"
@@ -79,15 +97,15 @@ for entry in "${built[@]}"; do
   if [ $# -gt 0 ] && ! printf '%s\n' "$@" | grep -qx "$name"; then continue; fi
   log="$logs/$name.log"
   status=0
-  env -u RUSTFLAGS "$exe" >"$log" 2>&1 || status=$?
+  env -u RUSTFLAGS timeout "${CUFERRY_SANITIZE_TIMEOUT:-1800}" "$exe" >"$log" 2>&1 || status=$?
   reports=$(grep -cE "$report" "$log" || true)
   echo "$name: exit $status, $reports sanitizer reports ($log)"
   ran=$((ran + 1))
   if [ "$status" != 0 ] || [ "$reports" != 0 ]; then failed=$((failed + 1)); fi
 done
 if [ "$ran" = 0 ]; then
-  echo "no test target matched: $*" >&2
-  exit 2
+  echo "the build listed no test target" >&2
+  exit 1
 fi
 echo "$ran test targets under the $kind sanitizer, $failed with failures or reports"
 [ "$failed" = 0 ]

@@ -55,9 +55,9 @@ pub enum Error {
         what: String,
     },
     /// An allocation did not fit: host memory ran out (the host backend's buffers, host slots
-    /// and managed memory), or a managed pool reached the size limit it was made with. CUDA's
-    /// own out-of-memory stays [`Error::Cuda`], naming its call; [`Error::is_out_of_memory`]
-    /// recognises both.
+    /// and managed memory), a managed pool reached the size limit it was made with, or the
+    /// system had no resources left for a worker thread. CUDA's own out-of-memory stays
+    /// [`Error::Cuda`], naming its call; [`Error::is_out_of_memory`] recognises both.
     #[error("out of memory: {what}")]
     OutOfMemory {
         /// What was being allocated, and how much.
@@ -123,8 +123,9 @@ pub enum Error {
 impl Error {
     /// Whether this is an allocation failing for lack of memory: [`Error::OutOfMemory`], or a
     /// CUDA allocation refused with `cudaErrorMemoryAllocation` (device memory, pinned host
-    /// memory, a memory pool at its limit). cuferry has already freed its own cached memory and
-    /// tried again before returning either, so what helps now is freeing the caller's.
+    /// memory, a memory pool at its limit). Where memory ran out, cuferry freed its own cached
+    /// memory and tried again before returning either, so what helps now is freeing the
+    /// caller's; a managed pool at the size limit it was made with fails at once.
     ///
     /// # Examples
     ///
@@ -155,6 +156,12 @@ impl Error {
     /// Shorthand for [`Error::OutOfMemory`].
     pub(crate) fn out_of_memory(what: impl Into<String>) -> Self {
         Error::OutOfMemory { what: what.into() }
+    }
+
+    /// A worker thread the system refused to start (`pthread_create`'s `EAGAIN`: no memory
+    /// for its stack, or a thread limit reached): [`Error::OutOfMemory`] naming `what`.
+    pub(crate) fn thread_refused(what: &str, err: std::io::Error) -> Self {
+        Error::out_of_memory(format!("cannot start {what}: {err}"))
     }
 }
 

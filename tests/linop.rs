@@ -626,6 +626,13 @@ fn size_overflow_is_an_error() {
     let wide: LinopRef<f64> =
         Arc::new(Identity::new(dims(&[("a", 1 << 16), ("b", 1 << 16), ("c", 1 << 16), ("d", 1 << 16)])));
     assert_invalid(split_linop(wide.as_ref(), &[("a", 1), ("b", 1), ("c", 1), ("d", 1)]));
+    // 2^58 tiles: a list past isize::MAX bytes (a bad request); 2^43: a valid list that no
+    // memory holds (out of memory).
+    let tall: LinopRef<f64> = Arc::new(Identity::new(dims(&[("x", 1 << 58)])));
+    assert_invalid(split_linop(tall.as_ref(), &[("x", 1)]));
+    let long: LinopRef<f64> = Arc::new(Identity::new(dims(&[("x", 1 << 43)])));
+    let err = split_linop(long.as_ref(), &[("x", 1)]).map(drop).unwrap_err();
+    assert!(matches!(err, cuferry::Error::OutOfMemory { .. }), "{err:?}");
     // Device matrices whose shape product wraps to the number of specs given.
     assert_invalid(DeviceMatrix::new(&[(1 << (usize::BITS - 1)) + 1, 2], vec![host(), host()]));
     // A last tile near usize::MAX ends at the dim's end, not at a wrapped offset.

@@ -79,8 +79,9 @@ pub enum CuferryStatus {
     /// Another process of a collective operation failed.
     PeerFailed = 11,
     /// An allocation did not fit: device or pinned memory (CUDA's `cudaErrorMemoryAllocation`;
-    /// the message names the CUDA call), host memory, or a managed pool's size limit. cuferry
-    /// freed its own cached memory and tried again first.
+    /// the message names the CUDA call), host memory, a managed pool's size limit, or a worker
+    /// thread the system refused. Where memory ran out, cuferry freed its own cached memory
+    /// and tried again first; a pool at its size limit fails at once.
     OutOfMemory = 12,
 }
 

@@ -96,8 +96,9 @@ pub fn tile_ranges(size: usize, batch: usize) -> Result<Vec<Range<usize>>> {
 /// # Errors
 ///
 /// [`Error::InvalidArgument`] for a batch size of 0, a dim listed twice or unknown to `op`, or
-/// a grid whose tile count overflows `usize` or whose tile list cannot be allocated; errors of
-/// [`Linop::split`] (splits the operator's structure cannot express exactly).
+/// a grid whose tile list would pass `isize::MAX` bytes; [`Error::OutOfMemory`] when that
+/// list cannot be allocated; errors of [`Linop::split`] (splits the operator's structure
+/// cannot express exactly).
 pub fn split_linop<T: Field, S: AsRef<str>>(
     op: &dyn Linop<T>,
     batch_sizes: &[(S, usize)],
@@ -120,9 +121,14 @@ pub fn split_linop<T: Field, S: AsRef<str>>(
     // each of those is no longer than the tile list.
     let shape: Vec<usize> = cuts.iter().map(|&(size, b)| size.div_ceil(b).max(1)).collect();
     let count = numel(&shape)?;
-    let mut tiles = Vec::new();
+    let mut tiles: Vec<Tile<T>> = Vec::new();
+    if count > isize::MAX as usize / std::mem::size_of::<Tile<T>>().max(1) {
+        return Err(Error::invalid(format!(
+            "a tile grid of shape {shape:?} ({count} tiles) is larger than any list can be"
+        )));
+    }
     tiles.try_reserve_exact(count).map_err(|e| {
-        Error::invalid(format!("a tile grid of shape {shape:?} ({count} tiles) does not fit in memory: {e}"))
+        Error::out_of_memory(format!("a tile list for a grid of shape {shape:?} ({count} tiles): {e}"))
     })?;
     let ranges: Vec<Vec<Range<usize>>> =
         cuts.iter().map(|&(size, b)| tile_ranges(size, b)).collect::<Result<_>>()?;

@@ -239,18 +239,24 @@ impl PoolInner {
             }
             _ => {
                 let layout = host_layout(bytes)?;
-                // SAFETY: the layout has a non-zero size.
-                let p = unsafe {
-                    if zero_host {
-                        alloc::alloc_zeroed(layout)
-                    } else {
-                        alloc::alloc(layout)
+                // Host memory the allocation cache holds is freed and the allocation tried
+                // again, as for the host backend's buffers.
+                retry_after_deferred_frees(DrawsOn::Host, || {
+                    // SAFETY: the layout has a non-zero size.
+                    let p = unsafe {
+                        if zero_host {
+                            alloc::alloc_zeroed(layout)
+                        } else {
+                            alloc::alloc(layout)
+                        }
+                    };
+                    if p.is_null() {
+                        return Err(Error::out_of_memory(format!(
+                            "a host allocation of {bytes} bytes failed"
+                        )));
                     }
-                };
-                if p.is_null() {
-                    return Err(Error::out_of_memory(format!("a host allocation of {bytes} bytes failed")));
-                }
-                p
+                    Ok(p)
+                })?
             }
         };
         Ok(ptr)

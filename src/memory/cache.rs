@@ -929,6 +929,19 @@ pub(crate) mod tests {
         assert_eq!((alloc.bytes(), alloc.capacity(), alloc.is_recycled()), (big, big, false));
     }
 
+    /// A host managed pool's allocation failing for lack of memory releases the cache before
+    /// its second try, as the host backend's buffers do (it failed at once, the cache kept).
+    #[test]
+    fn a_host_managed_pool_out_of_memory_releases_the_cache() {
+        let _serial = global_cache_lock();
+        drop(PinnedBuffer::<u8>::staging(Device::Host, ODD_LEN + 1).unwrap());
+        assert!(global().count_of(Place::Host, ODD_CLASS) >= 1);
+        let pool = crate::managed::ManagedPool::new(Device::Host, Default::default()).unwrap();
+        let huge = pool.alloc::<u8>(1 << 50, &Stream::new(Device::Host).unwrap()).map(drop);
+        assert!(matches!(huge, Err(crate::Error::OutOfMemory { .. })), "{huge:?}");
+        assert_eq!(global().count_of(Place::Host, ODD_CLASS), 0, "the failure did not release the cache");
+    }
+
     /// A reused allocation keeps no trace of its former uses: its tracker is fresh.
     #[test]
     fn a_cached_allocation_forgets_its_former_uses() {

@@ -135,6 +135,22 @@ pub trait Memory<T: Element>: sealed::Sealed {
     fn kind(&self) -> MemoryKind;
 }
 
+/// Test support for memory leaked on purpose.
+#[cfg(test)]
+pub(crate) mod leaked_on_purpose {
+    use std::sync::Mutex;
+
+    /// Addresses of memory a test leaks on purpose: kept reachable from a static, so that
+    /// LeakSanitizer (`scripts/sanitize-host.sh address`) does not count it, while any other
+    /// leak in the same test still fails the run.
+    static KEPT: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
+    /// Keeps `ptr` reachable for the rest of the process.
+    pub(crate) fn keep(ptr: *const u8) {
+        KEPT.lock().unwrap_or_else(|e| e.into_inner()).push(ptr as usize);
+    }
+}
+
 pub(crate) mod sealed {
     use super::tracker::UseTracker;
 

@@ -232,7 +232,7 @@ impl PackExecutor {
             let handle = std::thread::Builder::new()
                 .name(format!("cuferry-pack-{i}"))
                 .spawn(move || work(&chunks, spin))
-                .map_err(|e| Error::unsupported(format!("cannot start a pack thread: {e}")))?;
+                .map_err(|e| Error::thread_refused("a pack thread", e))?;
             pool.handles.push(handle);
         }
         Ok(pool)

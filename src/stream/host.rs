@@ -182,7 +182,7 @@ impl HostQueue {
         std::thread::Builder::new()
             .name(format!("cuferry-host-stream-{id}"))
             .spawn(move || serve(receiver, worker_progress))
-            .map_err(|e| Error::unsupported(format!("cannot start a host stream worker thread: {e}")))?;
+            .map_err(|e| Error::thread_refused("a host stream worker thread", e))?;
         Ok(HostQueue { sender, progress })
     }
 

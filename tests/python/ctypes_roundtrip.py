@@ -61,6 +61,9 @@ try:
 except cuferry.OutOfMemory as e:
     assert e.name == "CUFERRY_STATUS_OUT_OF_MEMORY", e
     assert device != cuferry.HOST or str(2**63 - 2**12) in e.message, e
+    # The status getter returns the status as its value (through `call` too, which raises
+    # for a non-OK status of any other function).
+    assert lib.call("cuferry_last_error_status") == lib.const.CUFERRY_STATUS_OUT_OF_MEMORY
 # An empty buffer has no address: reading and writing nothing still work.
 with lib.pinned(device, 0) as empty:
     assert empty.size == 0 and empty.read() == b"", "an empty buffer reads as nothing"
