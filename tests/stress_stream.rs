@@ -84,6 +84,11 @@ struct Model {
     retired: Vec<Stream>,
 }
 
+/// Stream `s` of the model, made again first if it was dropped.
+fn live_stream(streams: &mut [Option<Stream>], s: usize) -> &Stream {
+    streams[s].get_or_insert_with(|| Stream::new(Device::Host).unwrap())
+}
+
 fn covered(m: &Model, s: usize) -> BTreeSet<usize> {
     let mut c = m.wait_deps[s].clone();
     if let Some(j) = m.last[s] {
@@ -138,9 +143,7 @@ fn run_one(seed: u64) -> Result<(), String> {
                     // queue a job
                     0..=3 => {
                         let mut m = model.lock().unwrap();
-                        if m.streams[s].is_none() {
-                            m.streams[s] = Some(Stream::new(Device::Host).unwrap());
-                        }
+                        live_stream(&mut m.streams, s);
                         let id = m.next_job;
                         m.next_job += 1;
                         let deps = covered(&m, s);
@@ -187,11 +190,8 @@ fn run_one(seed: u64) -> Result<(), String> {
                         let ev_lock = Arc::clone(&model.lock().unwrap().events[e]);
                         let ev = ev_lock.lock().unwrap();
                         let mut m = model.lock().unwrap();
-                        if m.streams[s].is_none() {
-                            m.streams[s] = Some(Stream::new(Device::Host).unwrap());
-                        }
                         if let Some(ev) = ev.as_ref() {
-                            ev.record(m.streams[s].as_ref().unwrap()).unwrap();
+                            ev.record(live_stream(&mut m.streams, s)).unwrap();
                             let c = covered(&m, s);
                             m.cover[e] = Some(c);
                         }
@@ -202,11 +202,8 @@ fn run_one(seed: u64) -> Result<(), String> {
                         let ev_lock = Arc::clone(&model.lock().unwrap().events[e]);
                         let ev = ev_lock.lock().unwrap();
                         let mut m = model.lock().unwrap();
-                        if m.streams[s].is_none() {
-                            m.streams[s] = Some(Stream::new(Device::Host).unwrap());
-                        }
                         if let Some(ev) = ev.as_ref() {
-                            m.streams[s].as_ref().unwrap().wait_event(ev).unwrap();
+                            live_stream(&mut m.streams, s).wait_event(ev).unwrap();
                             if let Some(c) = m.cover[e].clone() {
                                 m.wait_deps[s].extend(c);
                             }
