@@ -157,16 +157,6 @@ impl PrefetchPlan {
     }
 }
 
-/// The host's page size: the unit CUDA rounds prefetches and advice out to.
-fn cpu_page_size() -> usize {
-    static PAGE: OnceLock<usize> = OnceLock::new();
-    *PAGE.get_or_init(|| {
-        // SAFETY: sysconf reads a system constant; it has no preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-        usize::try_from(page).ok().filter(|p| p.is_power_of_two()).unwrap_or(4096)
-    })
-}
-
 /// The first address that two groups of spans (one group per location, each span
 /// `(address, bytes)`) both reach once every span is rounded out to whole pages of `page`
 /// bytes (a power of two), if any.
@@ -404,7 +394,7 @@ fn prefetch_grouped(items: &[(ManagedRange<'_>, Location)], stream: &Stream, dis
         }
         total += bytes;
     }
-    let page = cpu_page_size();
+    let page = crate::memory::cpu_page_size();
     if let Some(address) = first_shared_page(&spans, page) {
         return Err(Error::invalid(format!(
             "{what}: the page at {address:#x} is sent to two locations in one call (CUDA moves \
@@ -610,7 +600,7 @@ pub unsafe fn discard_all(ranges: &[ManagedRange<'_>], stream: &Stream) -> Resul
     }
     check_every_device_for_discard("discard")?;
     // Only whole pages: see the module rules.
-    let (whole, _) = split_at_pages(&merged, cpu_page_size());
+    let (whole, _) = split_at_pages(&merged, crate::memory::cpu_page_size());
     if whole.is_empty() {
         return Ok(total);
     }

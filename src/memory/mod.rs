@@ -120,6 +120,17 @@ fn check_host_stream_access_with(
     }
 }
 
+/// The host's page size (a power of two): the unit CUDA rounds prefetches, advice and host
+/// registrations out to.
+pub(crate) fn cpu_page_size() -> usize {
+    static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *PAGE.get_or_init(|| {
+        // SAFETY: sysconf reads a system constant; it has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        usize::try_from(page).ok().filter(|p| p.is_power_of_two()).unwrap_or(4096)
+    })
+}
+
 /// Memory that copies can read from or write to: [`DeviceBuffer`], [`PinnedBuffer`],
 /// [`HostRegistration`] and [`ManagedBuffer`](crate::managed::ManagedBuffer). Sealed: the copy engine relies on its internals.
 pub trait Memory<T: Element>: sealed::Sealed {

@@ -1,9 +1,10 @@
 //! Transfer backends: the slots and the copy engine under a [`SlotRing`](super::SlotRing).
 //!
 //! Rules:
-//! - A backend owns host slots (pinned by `cudaHostAlloc`, or caller memory registered slot by
-//!   slot with `cudaHostRegister`, falling back to pageable when the driver refuses) and device
-//!   slots, and one copy stream on which every upload is queued.
+//! - A backend owns host slots (pinned by `cudaHostAlloc`, or caller memory registered with
+//!   `cudaHostRegister`, slots sharing a page together, falling back to pageable when the
+//!   driver refuses: see `caller_slots`) and device slots, and one copy stream on which every
+//!   upload is queued.
 //! - "Upload done" for a host slot is the slot's own use tracker: the host waits on it before
 //!   the slot is rewritten ([`TransferBackend::wait_host_slot`]).
 //! - "Ready" for a device slot is an event recorded right after its upload.
@@ -23,9 +24,10 @@ use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::memory::sealed::Sealed;
 use crate::memory::tracker::{Access, UseTracker};
-use crate::memory::{DeviceBuffer, HostRegistration, Memory, MemoryKind, PinnedBuffer};
+use crate::memory::{DeviceBuffer, Memory, MemoryKind, PinnedBuffer};
 use crate::stream::Stream;
 
+use super::caller_slots::{CallerSlot, CallerSlots};
 use super::MAX_RING_DEPTH;
 
 /// Which kind of device a backend serves.
@@ -71,11 +73,15 @@ pub trait TransferBackend: Send + Sync {
     fn allocate_host_slots(&mut self, count: usize, bytes: usize) -> Result<()>;
 
     /// Uses caller memory as host slots, one slot per `Vec`, each registered (page-locked)
-    /// where the driver allows and pageable otherwise; replaces any earlier host slots.
+    /// where the driver allows and pageable otherwise; replaces any earlier host slots. The
+    /// memory is not handed back. [`StreamTransferBackend`] registers slots whose pages touch
+    /// as one range, so heap neighbours sharing a page are all page-locked.
     ///
     /// # Errors
     ///
-    /// CUDA errors of `cudaHostRegister` other than "unsupported"/"already registered".
+    /// [`Error::InvalidArgument`] for more than [`MAX_RING_DEPTH`] slots; as
+    /// [`Device::check_available`]; CUDA errors of `cudaHostRegister` other than
+    /// "unsupported"/"already registered".
     fn register_host_slots(&mut self, slots: Vec<Vec<u8>>) -> Result<()>;
 
     /// Allocates `count` device slots of `bytes` each, replacing any earlier device slots.
@@ -191,43 +197,67 @@ pub trait TransferBackend: Send + Sync {
     fn close(&self) -> Result<()>;
 }
 
-/// One host slot's memory.
+/// The host slots: allocated pinned buffers, or caller memory.
 #[derive(Debug)]
-enum HostSlot {
-    Pinned(PinnedBuffer<u8>),
-    Registered(HostRegistration<u8>),
+enum HostSlots {
+    Allocated(Vec<PinnedBuffer<u8>>),
+    Caller(CallerSlots),
 }
 
-impl HostSlot {
-    fn len(&self) -> usize {
+impl HostSlots {
+    fn count(&self) -> usize {
+        match self {
+            HostSlots::Allocated(v) => v.len(),
+            HostSlots::Caller(c) => c.slots().len(),
+        }
+    }
+
+    fn get(&self, i: usize) -> Option<HostSlot<'_>> {
+        match self {
+            HostSlots::Allocated(v) => v.get(i).map(HostSlot::Pinned),
+            HostSlots::Caller(c) => c.slots().get(i).map(HostSlot::Caller),
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = HostSlot<'_>> {
+        (0..self.count()).filter_map(|i| self.get(i))
+    }
+}
+
+/// One host slot's memory.
+#[derive(Clone, Copy, Debug)]
+enum HostSlot<'a> {
+    Pinned(&'a PinnedBuffer<u8>),
+    Caller(&'a CallerSlot),
+}
+
+impl<'a> HostSlot<'a> {
+    fn len(self) -> usize {
         match self {
             HostSlot::Pinned(b) => b.len(),
-            HostSlot::Registered(r) => r.len(),
+            HostSlot::Caller(c) => c.len(),
         }
     }
 
-    fn kind(&self) -> MemoryKind {
+    fn kind(self) -> MemoryKind {
         match self {
             HostSlot::Pinned(b) => b.kind(),
-            HostSlot::Registered(r) => r.kind(),
+            HostSlot::Caller(c) => c.kind(),
         }
     }
 
-    fn synchronize(&self) -> Result<()> {
-        match self {
-            HostSlot::Pinned(b) => b.synchronize(),
-            HostSlot::Registered(r) => r.synchronize(),
-        }
+    fn synchronize(self) -> Result<()> {
+        self.parts().tracker.wait_idle()
     }
 
-    fn is_idle(&self) -> Result<bool> {
+    fn is_idle(self) -> Result<bool> {
         self.parts().tracker.is_idle()
     }
 
-    fn parts(&self) -> crate::memory::sealed::RawParts<'_> {
+    fn parts(self) -> crate::memory::sealed::RawParts<'a> {
         match self {
             HostSlot::Pinned(b) => b.raw_parts(),
-            HostSlot::Registered(r) => r.raw_parts(),
+            HostSlot::Caller(c) => c.raw_parts(),
         }
     }
 }
@@ -268,7 +298,7 @@ pub struct StreamTransferBackend {
     device: Device,
     copy_stream: Stream,
     timing: bool,
-    host_slots: Vec<HostSlot>,
+    host_slots: HostSlots,
     device_slots: Vec<DeviceSlot>,
 }
 
@@ -284,7 +314,7 @@ impl StreamTransferBackend {
             device,
             copy_stream: Stream::new(device)?,
             timing,
-            host_slots: Vec::new(),
+            host_slots: HostSlots::Allocated(Vec::new()),
             device_slots: Vec::new(),
         })
     }
@@ -294,10 +324,10 @@ impl StreamTransferBackend {
         &self.copy_stream
     }
 
-    fn host(&self, i: usize) -> Result<&HostSlot> {
+    fn host(&self, i: usize) -> Result<HostSlot<'_>> {
         self.host_slots
             .get(i)
-            .ok_or_else(|| Error::invalid(format!("host slot {i} of {}", self.host_slots.len())))
+            .ok_or_else(|| Error::invalid(format!("host slot {i} of {}", self.host_slots.count())))
     }
 
     fn dev(&self, i: usize) -> Result<&DeviceSlot> {
@@ -309,9 +339,9 @@ impl StreamTransferBackend {
 
 impl TransferBackend for StreamTransferBackend {
     fn capabilities(&self) -> TransferCapabilities {
-        let host_memory_kind = self.host_slots.first().map_or(MemoryKind::Pageable, HostSlot::kind);
+        let host_memory_kind = self.host_slots.get(0).map_or(MemoryKind::Pageable, HostSlot::kind);
         let host_pinned =
-            !self.host_slots.is_empty() && self.host_slots.iter().all(|s| s.kind() == MemoryKind::Pinned);
+            self.host_slots.count() > 0 && self.host_slots.iter().all(|s| s.kind() == MemoryKind::Pinned);
         TransferCapabilities {
             device_family: if self.device.is_host() { DeviceFamily::Host } else { DeviceFamily::Cuda },
             host_memory_kind,
@@ -330,20 +360,15 @@ impl TransferBackend for StreamTransferBackend {
 
     fn allocate_host_slots(&mut self, count: usize, bytes: usize) -> Result<()> {
         check_slot_count(count)?;
-        let slots = (0..count)
-            .map(|_| PinnedBuffer::zeroed(self.device, bytes).map(HostSlot::Pinned))
-            .collect::<Result<Vec<_>>>()?;
-        self.host_slots = slots;
+        let slots =
+            (0..count).map(|_| PinnedBuffer::zeroed(self.device, bytes)).collect::<Result<Vec<_>>>()?;
+        self.host_slots = HostSlots::Allocated(slots);
         Ok(())
     }
 
     fn register_host_slots(&mut self, slots: Vec<Vec<u8>>) -> Result<()> {
         check_slot_count(slots.len())?;
-        let slots = slots
-            .into_iter()
-            .map(|v| HostRegistration::new(self.device, v).map(HostSlot::Registered))
-            .collect::<Result<Vec<_>>>()?;
-        self.host_slots = slots;
+        self.host_slots = HostSlots::Caller(CallerSlots::new(self.device, slots)?);
         Ok(())
     }
 
@@ -367,7 +392,7 @@ impl TransferBackend for StreamTransferBackend {
     }
 
     fn host_slot_count(&self) -> usize {
-        self.host_slots.len()
+        self.host_slots.count()
     }
 
     fn device_slot_count(&self) -> usize {

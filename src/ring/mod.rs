@@ -16,6 +16,7 @@
 //! See [`slot_ring`](self::SlotRing) for the full protocol and an example.
 
 mod backend;
+mod caller_slots;
 mod executor;
 mod layout;
 mod produce;

@@ -1,0 +1,544 @@
+//! Caller memory as a ring's host slots ([`TransferBackend::register_host_slots`]), page-locked
+//! with `cudaHostRegister`.
+//!
+//! Rules:
+//! - The driver locks whole pages and refuses a range that reaches a page some registration
+//!   already holds (`cudaErrorHostMemoryAlreadyRegistered`). `Vec`s from the heap often share
+//!   a page (the allocator puts blocks side by side, multi-MiB ones too once its mmap
+//!   threshold has grown), so registering slot by slot left every second slot pageable, and
+//!   one pageable slot makes every upload of the ring synchronous. Slots whose page spans
+//!   touch are therefore registered together, as one range from the group's first byte to
+//!   its last: the bytes between two of them lie in pages they share, so the range stays
+//!   mapped for as long as the slots live.
+//! - A group the driver refuses as a whole ("already registered": some other registration
+//!   holds one of its pages; "not supported") falls back to its slots one by one, each
+//!   pageable when refused. Any other error is returned, and the ranges registered so far are
+//!   unregistered.
+//! - The slots are never handed back: one slot's memory could not be freed while the range
+//!   registered with it still covers a neighbour.
+//! - `Drop` waits for every slot's queued uploads, then unregisters each range. When a wait or
+//!   an unregister fails, every slot's memory is leaked instead (a copy may still read it, or
+//!   CUDA still holds a registration over it).
+//! - On the host backend nothing is registered and every slot is pageable.
+//!
+//! [`TransferBackend::register_host_slots`]: super::TransferBackend::register_host_slots
+
+use std::os::raw::c_void;
+
+use crate::cuda::memory as raw;
+use crate::device::Device;
+use crate::error::{record_drop_error, Error, Result};
+use crate::memory::sealed::RawParts;
+use crate::memory::tracker::UseTracker;
+use crate::memory::MemoryKind;
+use crate::sys;
+
+/// `cudaErrorHostMemoryAlreadyRegistered`.
+const ALREADY_REGISTERED: i32 = 712;
+/// `cudaErrorNotSupported`.
+const NOT_SUPPORTED: i32 = 801;
+
+/// One slot: caller memory, whether it is page-locked, and its queued uses.
+#[derive(Debug)]
+pub(super) struct CallerSlot {
+    data: Vec<u8>,
+    pinned: bool,
+    tracker: UseTracker,
+}
+
+impl CallerSlot {
+    /// Bytes in the slot.
+    pub(super) fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    /// Pinned when its range was registered, pageable otherwise.
+    pub(super) fn kind(&self) -> MemoryKind {
+        if self.pinned {
+            MemoryKind::Pinned
+        } else {
+            MemoryKind::Pageable
+        }
+    }
+
+    /// The raw view the copy engine works on.
+    pub(super) fn raw_parts(&self) -> RawParts<'_> {
+        RawParts { ptr: self.data.as_ptr().cast_mut(), bytes: self.data.len(), tracker: &self.tracker }
+    }
+
+    /// The slot's first address and its length.
+    fn span(&self) -> (usize, usize) {
+        (self.data.as_ptr() as usize, self.data.len())
+    }
+}
+
+/// What page-locks host memory: CUDA's `cudaHostRegister` and `cudaHostUnregister` for a
+/// device, or a test's model of them.
+trait Registrar: Send + Sync + std::fmt::Debug {
+    /// Registers `ptr..ptr+bytes`; `Ok(false)` when the driver refuses the range as already
+    /// registered or unsupported (the memory stays pageable).
+    ///
+    /// # Safety
+    ///
+    /// 1. The range is mapped host memory that stays mapped until [`Registrar::unregister`].
+    unsafe fn register(&self, ptr: *mut c_void, bytes: usize) -> Result<bool>;
+
+    /// Unregisters the range registered at `ptr`.
+    ///
+    /// # Safety
+    ///
+    /// 1. `ptr` is the base of a range registered here, and no queued work uses it.
+    unsafe fn unregister(&self, ptr: *mut c_void) -> Result<()>;
+
+    /// Called before the slots' waits at release (CUDA makes its device current there, so
+    /// that waiting on a thread with no current device does not create a context on device 0).
+    fn before_release(&self) {}
+}
+
+/// [`Registrar`] for CUDA device `ordinal`.
+#[derive(Debug)]
+struct CudaRegistrar {
+    ordinal: u32,
+}
+
+impl Registrar for CudaRegistrar {
+    unsafe fn register(&self, ptr: *mut c_void, bytes: usize) -> Result<bool> {
+        let flags = sys::CUFERRY_REGISTER_PORTABLE as u32;
+        // SAFETY: the range stays mapped until it is unregistered (Safety 1).
+        match unsafe { raw::host_register(self.ordinal, ptr, bytes, flags) } {
+            Ok(()) => Ok(true),
+            Err(Error::Cuda { code: ALREADY_REGISTERED | NOT_SUPPORTED, .. }) => Ok(false),
+            Err(err) => Err(err),
+        }
+    }
+
+    unsafe fn unregister(&self, ptr: *mut c_void) -> Result<()> {
+        // SAFETY: `ptr` was registered by `register` and no queued work uses it (Safety 1).
+        unsafe { raw::host_unregister(self.ordinal, ptr) }
+    }
+
+    fn before_release(&self) {
+        // A failure leaves the waits and the unregister to report it.
+        let _ = crate::cuda::device::make_current(self.ordinal);
+    }
+}
+
+/// Caller memory given as host slots, registered in groups of slots that share pages (see the
+/// module rules).
+#[derive(Debug)]
+pub(super) struct CallerSlots {
+    /// `None` on the host backend, which registers nothing.
+    registrar: Option<Box<dyn Registrar>>,
+    slots: Vec<CallerSlot>,
+    /// The registered ranges, each named by the slot it starts at.
+    ranges: Vec<usize>,
+}
+
+impl CallerSlots {
+    /// Takes `slots` as host slots for uploads to `device`, registering them where the driver
+    /// allows.
+    ///
+    /// # Errors
+    ///
+    /// As [`Device::check_available`]; CUDA errors of `cudaHostRegister` other than "already
+    /// registered" and "not supported".
+    pub(super) fn new(device: Device, slots: Vec<Vec<u8>>) -> Result<Self> {
+        device.check_available()?;
+        let registrar =
+            device.cuda_ordinal().map(|ordinal| Box::new(CudaRegistrar { ordinal }) as Box<dyn Registrar>);
+        Self::with_registrar(registrar, slots, crate::memory::cpu_page_size())
+    }
+
+    /// [`CallerSlots::new`] with the registrar and the page size given.
+    fn with_registrar(
+        registrar: Option<Box<dyn Registrar>>,
+        slots: Vec<Vec<u8>>,
+        page: usize,
+    ) -> Result<Self> {
+        let slots = slots
+            .into_iter()
+            .map(|data| CallerSlot { data, pinned: false, tracker: UseTracker::default() })
+            .collect();
+        let mut caller = CallerSlots { registrar, slots, ranges: Vec::new() };
+        if caller.registrar.is_some() {
+            let spans: Vec<(usize, usize)> = caller.slots.iter().map(CallerSlot::span).collect();
+            for group in page_groups(&spans, page) {
+                // On an error `caller` drops, unregistering the ranges made so far.
+                caller.register_group(&group)?;
+            }
+        }
+        Ok(caller)
+    }
+
+    /// The slots, in the caller's order.
+    pub(super) fn slots(&self) -> &[CallerSlot] {
+        &self.slots
+    }
+
+    /// Registers one group (slot indices sorted by address) as one range, or slot by slot
+    /// when the driver refuses the range.
+    fn register_group(&mut self, group: &[usize]) -> Result<()> {
+        if self.register_range(group)? || group.len() == 1 {
+            return Ok(());
+        }
+        for &slot in group {
+            self.register_range(&[slot])?;
+        }
+        Ok(())
+    }
+
+    /// Registers the range from the first byte of `group[0]` to the last byte of any slot in
+    /// `group` (sorted by address); false when the driver refuses it as already registered or
+    /// unsupported.
+    fn register_range(&mut self, group: &[usize]) -> Result<bool> {
+        let (Some(registrar), Some(&first)) = (&self.registrar, group.first()) else { return Ok(false) };
+        let (start, _) = self.slots[first].span();
+        let end =
+            group.iter().map(|&i| self.slots[i].span()).map(|(at, len)| at + len).max().unwrap_or(start);
+        let ptr = self.slots[first].data.as_ptr().cast_mut().cast::<c_void>();
+        // SAFETY: `ptr..ptr+(end-start)` covers the group's slots and the bytes between them,
+        // which lie in pages the slots share (`page_groups`), so the whole range is mapped
+        // while the slots live; the slots are owned here and neither freed nor moved until
+        // `release` unregisters the range.
+        if !unsafe { registrar.register(ptr, end - start) }? {
+            return Ok(false);
+        }
+        self.ranges.push(first);
+        for &i in group {
+            self.slots[i].pinned = true;
+        }
+        Ok(true)
+    }
+
+    /// Waits for every slot's queued uploads and unregisters every range (once).
+    fn release(&mut self) -> Result<()> {
+        let Some(registrar) = self.registrar.take().filter(|_| !self.ranges.is_empty()) else {
+            return self.wait_all();
+        };
+        registrar.before_release();
+        self.wait_all()?;
+        let mut failed = None;
+        for first in std::mem::take(&mut self.ranges) {
+            let ptr = self.slots[first].data.as_ptr().cast_mut().cast::<c_void>();
+            // SAFETY: `ptr` is the base of a range `register_range` registered, and no queued
+            // upload reads any slot any more (`wait_all`).
+            if let Err(err) = unsafe { registrar.unregister(ptr) } {
+                failed.get_or_insert(err);
+            }
+        }
+        match failed {
+            Some(err) => {
+                // Still registered: freeing the memory would leave CUDA a registration over
+                // memory the allocator hands out again.
+                self.leak_slots();
+                Err(err)
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Waits for every slot's queued uses; on a failure leaks every slot (a copy may still
+    /// read one) and its registrations, and returns the first error.
+    fn wait_all(&mut self) -> Result<()> {
+        let failed = self.slots.iter().find_map(|s| s.tracker.wait_idle().err());
+        match failed {
+            Some(err) => {
+                self.ranges.clear();
+                self.leak_slots();
+                Err(err)
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Leaks every slot's memory.
+    fn leak_slots(&mut self) {
+        for slot in self.slots.drain(..) {
+            std::mem::forget(slot.data);
+        }
+    }
+}
+
+impl Drop for CallerSlots {
+    fn drop(&mut self) {
+        if let Err(err) = self.release() {
+            record_drop_error(err);
+        }
+    }
+}
+
+/// Groups the non-empty `spans` (`(address, bytes)`) whose pages of `page` bytes (a power of
+/// two) touch, through a chain of neighbours: each group lists span indices sorted by
+/// address. A span sharing no page with another is a group of its own; empty spans are in no
+/// group.
+pub(super) fn page_groups(spans: &[(usize, usize)], page: usize) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..spans.len()).filter(|&i| spans[i].1 > 0).collect();
+    order.sort_by_key(|&i| spans[i].0);
+    let last_page = |(at, len): (usize, usize)| (at + (len - 1)) / page;
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut reach = 0; // the last page the current group covers
+    for i in order {
+        let (first, last) = (spans[i].0 / page, last_page(spans[i]));
+        match groups.last_mut() {
+            Some(group) if first <= reach => {
+                group.push(i);
+                reach = reach.max(last);
+            }
+            _ => {
+                groups.push(vec![i]);
+                reach = last;
+            }
+        }
+    }
+    groups
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PAGE: usize = 4096;
+
+    #[test]
+    fn spans_sharing_a_page_are_one_group() {
+        // Two heap blocks side by side: the first ends in the page the second starts in.
+        let spans = [(PAGE + 16, 3 * PAGE), (4 * PAGE + 32, 2 * PAGE)];
+        assert_eq!(page_groups(&spans, PAGE), vec![vec![0, 1]]);
+    }
+
+    #[test]
+    fn spans_in_different_pages_are_separate_groups() {
+        // Ends exactly at a page boundary: the next span's page is a new one.
+        let spans = [(PAGE, PAGE), (2 * PAGE, 8), (5 * PAGE + 100, 50)];
+        assert_eq!(page_groups(&spans, PAGE), vec![vec![0], vec![1], vec![2]]);
+    }
+
+    #[test]
+    fn groups_chain_through_neighbours_in_address_order() {
+        // Given out of order: 2 shares a page with 0, 0 with 1; 3 stands alone; 4 is empty.
+        let spans = [(PAGE + 200, PAGE), (2 * PAGE + 300, 10), (100, PAGE + 50), (9 * PAGE, 1), (PAGE, 0)];
+        assert_eq!(page_groups(&spans, PAGE), vec![vec![2, 0, 1], vec![3]]);
+    }
+
+    #[test]
+    fn a_long_span_holds_the_group_open_past_a_short_one() {
+        // 0 covers pages 0..=9; 1 sits inside page 3; 2 starts in page 9: all one group.
+        let spans = [(0, 10 * PAGE - 1), (3 * PAGE + 8, 8), (9 * PAGE + 4000, 64)];
+        assert_eq!(page_groups(&spans, PAGE), vec![vec![0, 1, 2]]);
+    }
+
+    /// Every pair of groups is disjoint in pages, and every span sharing a page with another is
+    /// in its group: checked against a plain pairwise page comparison.
+    #[test]
+    fn groups_match_a_pairwise_page_overlap() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |m: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % m as u64) as usize
+        };
+        for _ in 0..2000 {
+            let n = 1 + next(7);
+            let spans: Vec<(usize, usize)> = (0..n).map(|_| (next(16 * PAGE), next(3 * PAGE))).collect();
+            let groups = page_groups(&spans, PAGE);
+            let pages = |i: usize| {
+                let (at, len) = spans[i];
+                at / PAGE..=(at + len - 1) / PAGE
+            };
+            let group_of = |i: usize| groups.iter().position(|g| g.contains(&i));
+            for i in 0..n {
+                assert_eq!(group_of(i).is_some(), spans[i].1 > 0, "{spans:?} {groups:?}");
+                for j in 0..n {
+                    if i != j && spans[i].1 > 0 && spans[j].1 > 0 {
+                        let (a, b) = (pages(i), pages(j));
+                        let touch = a.start() <= b.end() && b.start() <= a.end();
+                        if touch {
+                            assert_eq!(group_of(i), group_of(j), "{spans:?} {groups:?}");
+                        }
+                    }
+                }
+            }
+            // Groups are disjoint in pages: the union of one group's pages meets no other's.
+            let union = |g: &Vec<usize>| {
+                let lo = g.iter().map(|&i| *pages(i).start()).min().unwrap();
+                let hi = g.iter().map(|&i| *pages(i).end()).max().unwrap();
+                (lo, hi)
+            };
+            for (x, gx) in groups.iter().enumerate() {
+                assert!(gx.windows(2).all(|w| spans[w[0]].0 <= spans[w[1]].0), "{spans:?} {groups:?}");
+                for gy in &groups[x + 1..] {
+                    let ((a0, a1), (b0, b1)) = (union(gx), union(gy));
+                    assert!(a1 < b0 || b1 < a0, "{spans:?} {groups:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn host_slots_are_pageable_and_keep_their_contents() {
+        let caller =
+            CallerSlots::new(Device::Host, vec![vec![1u8; 100], vec![2u8; 5000], Vec::new()]).unwrap();
+        let slots = caller.slots();
+        assert_eq!(slots.iter().map(CallerSlot::len).collect::<Vec<_>>(), vec![100, 5000, 0]);
+        assert!(slots.iter().all(|s| s.kind() == MemoryKind::Pageable));
+        assert!(caller.ranges.is_empty());
+        // SAFETY: nothing is queued on the slots; the view is read while `caller` lives.
+        let second = unsafe { std::slice::from_raw_parts(slots[1].raw_parts().ptr, 5000) };
+        assert!(second.iter().all(|&b| b == 2));
+    }
+
+    /// A model of the driver's registrations: whole pages of `page` bytes, a range reaching a
+    /// page already registered refused (as CUDA's "already registered"), plus injected
+    /// refusals and failures.
+    #[derive(Debug, Default)]
+    struct ModelState {
+        page: usize,
+        /// Live registrations: base address and the pages they lock.
+        live: Vec<(usize, std::ops::RangeInclusive<usize>)>,
+        /// Ranges registered, in order, as (base, bytes).
+        registered: Vec<(usize, usize)>,
+        register_calls: usize,
+        /// Refuse (as unsupported) any range longer than this.
+        refuse_longer_than: Option<usize>,
+        /// Fail the register call of this number (1-based) with a hard error.
+        fail_call: Option<usize>,
+        fail_unregister: bool,
+    }
+
+    #[derive(Debug, Clone)]
+    struct ModelDriver(std::sync::Arc<std::sync::Mutex<ModelState>>);
+
+    impl ModelDriver {
+        fn new(page: usize) -> Self {
+            ModelDriver(std::sync::Arc::new(std::sync::Mutex::new(ModelState { page, ..Default::default() })))
+        }
+
+        fn state(&self) -> std::sync::MutexGuard<'_, ModelState> {
+            self.0.lock().unwrap()
+        }
+
+        fn slots(&self, slots: Vec<Vec<u8>>) -> Result<CallerSlots> {
+            let page = self.state().page;
+            CallerSlots::with_registrar(Some(Box::new(self.clone())), slots, page)
+        }
+    }
+
+    impl Registrar for ModelDriver {
+        unsafe fn register(&self, ptr: *mut c_void, bytes: usize) -> Result<bool> {
+            let mut m = self.state();
+            m.register_calls += 1;
+            if m.fail_call == Some(m.register_calls) {
+                return Err(Error::invalid("injected register failure"));
+            }
+            if m.refuse_longer_than.is_some_and(|most| bytes > most) {
+                return Ok(false);
+            }
+            let at = ptr as usize;
+            let pages = at / m.page..=(at + bytes - 1) / m.page;
+            if m.live.iter().any(|(_, p)| p.start() <= pages.end() && pages.start() <= p.end()) {
+                return Ok(false);
+            }
+            m.live.push((at, pages));
+            m.registered.push((at, bytes));
+            Ok(true)
+        }
+
+        unsafe fn unregister(&self, ptr: *mut c_void) -> Result<()> {
+            let mut m = self.state();
+            if m.fail_unregister {
+                return Err(Error::invalid("injected unregister failure"));
+            }
+            let at = m.live.iter().position(|(base, _)| *base == ptr as usize);
+            let at = at.ok_or_else(|| Error::invalid("unregister of a range never registered"))?;
+            m.live.remove(at);
+            Ok(())
+        }
+    }
+
+    fn spans_of(slots: &[Vec<u8>]) -> Vec<(usize, usize)> {
+        slots.iter().map(|v| (v.as_ptr() as usize, v.len())).collect()
+    }
+
+    /// Small heap blocks side by side in one (model) page: every one is pinned, by one range
+    /// covering all of them. Registered one by one, all but the first would be refused.
+    #[test]
+    fn heap_neighbours_sharing_a_page_are_all_pinned() {
+        const PAGE: usize = 1 << 30;
+        let slots: Vec<Vec<u8>> = (0..6).map(|i| vec![i as u8; 100]).collect();
+        let spans = spans_of(&slots);
+        // All in one 1 GiB page, unless the allocator placed them across a boundary.
+        assert_eq!(page_groups(&spans, PAGE).len(), 1, "{spans:?}");
+        let driver = ModelDriver::new(PAGE);
+        let caller = driver.slots(slots).unwrap();
+        assert!(caller.slots().iter().all(|s| s.kind() == MemoryKind::Pinned));
+        let lo = spans.iter().map(|s| s.0).min().unwrap();
+        let hi = spans.iter().map(|s| s.0 + s.1).max().unwrap();
+        assert_eq!(driver.state().registered, vec![(lo, hi - lo)]);
+        for (slot, i) in caller.slots().iter().zip(0u8..) {
+            // SAFETY: nothing is queued on the slots; read while `caller` lives.
+            let bytes = unsafe { std::slice::from_raw_parts(slot.raw_parts().ptr, slot.len()) };
+            assert!(bytes.iter().all(|&b| b == i));
+        }
+        drop(caller);
+        assert!(driver.state().live.is_empty(), "{:?}", driver.state());
+    }
+
+    /// A group the driver refuses whole falls back to its slots one by one: here the first
+    /// (lowest address) is registered and the others, in its page, are refused and pageable.
+    #[test]
+    fn a_group_refused_whole_falls_back_slot_by_slot() {
+        const PAGE: usize = 1 << 30;
+        let slots: Vec<Vec<u8>> = (0..4).map(|_| vec![7u8; 100]).collect();
+        let spans = spans_of(&slots);
+        assert_eq!(page_groups(&spans, PAGE).len(), 1, "{spans:?}");
+        let lowest = (0..4).min_by_key(|&i| spans[i].0).unwrap();
+        let driver = ModelDriver::new(PAGE);
+        driver.state().refuse_longer_than = Some(100);
+        let caller = driver.slots(slots).unwrap();
+        let kinds: Vec<MemoryKind> = caller.slots().iter().map(CallerSlot::kind).collect();
+        for (i, kind) in kinds.iter().enumerate() {
+            let want = if i == lowest { MemoryKind::Pinned } else { MemoryKind::Pageable };
+            assert_eq!(*kind, want, "{kinds:?}");
+        }
+        // One refused group range, then one call per slot.
+        assert_eq!(driver.state().register_calls, 5);
+        assert_eq!(driver.state().registered, vec![spans[lowest]]);
+        drop(caller);
+        assert!(driver.state().live.is_empty());
+    }
+
+    /// A hard error while registering undoes the ranges registered before it.
+    #[test]
+    fn a_register_failure_unregisters_what_was_registered() {
+        // With 16-byte pages, distinct heap blocks never share one: each slot is its own group.
+        const PAGE: usize = 16;
+        let slots: Vec<Vec<u8>> = (0..3).map(|_| vec![1u8; 100]).collect();
+        assert_eq!(page_groups(&spans_of(&slots), PAGE).len(), 3);
+        let driver = ModelDriver::new(PAGE);
+        driver.state().fail_call = Some(3);
+        let err = driver.slots(slots).unwrap_err();
+        assert!(err.to_string().contains("injected register failure"), "{err}");
+        let m = driver.state();
+        assert_eq!(m.registered.len(), 2);
+        assert!(m.live.is_empty(), "{m:?}");
+    }
+
+    /// A failed unregister is returned and the memory leaked, never freed while registered.
+    #[test]
+    fn an_unregister_failure_is_reported_and_the_memory_leaked() {
+        let driver = ModelDriver::new(4096);
+        let mut caller = driver.slots(vec![vec![3u8; 64], vec![4u8; 64]]).unwrap();
+        assert!(!caller.ranges.is_empty());
+        for slot in caller.slots() {
+            // Leaked on purpose below: kept reachable for LeakSanitizer.
+            crate::memory::leaked_on_purpose::keep(slot.raw_parts().ptr);
+        }
+        driver.state().fail_unregister = true;
+        let err = caller.release().unwrap_err();
+        assert!(err.to_string().contains("injected unregister failure"), "{err}");
+        assert!(caller.slots().is_empty());
+        drop(caller); // nothing left to release
+        assert!(crate::error::take_drop_error().is_none());
+    }
+}
