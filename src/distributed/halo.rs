@@ -47,11 +47,8 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use ::mpi::collective::CommunicatorCollectives;
-use ::mpi::datatype::{Partition, PartitionMut};
 use ::mpi::raw::AsRaw;
 use ::mpi::topology::Communicator;
-use ::mpi::Count;
 
 use super::raw::{self, PrivateComm, RawRequest};
 use crate::copy::copy;
@@ -274,8 +271,9 @@ impl HaloCommunicator {
             Staging::Direct => true,
             Staging::Host => false,
         };
-        let built = Self::check_links(comm.rank(), comm.size(), &sends, &recvs)
-            .and_then(|()| raw::set_errors_return(comm.as_raw()))
+        // Errors return first: the agreement below is checked on every rank, bad links or not.
+        let built = raw::set_errors_return(comm.as_raw())
+            .and_then(|()| Self::check_links(comm.rank(), comm.size(), &sends, &recvs))
             .and_then(|()| {
                 let state = |link: HaloLink| -> Result<LinkState> {
                     let stage = match link.packer.device() {
@@ -313,35 +311,24 @@ impl HaloCommunicator {
             lists
         };
         let outgoing = per_peer(sends);
+        let raw_comm = comm.as_raw();
         // Each fits an MPI count: a (peer, tag) pair is used once per direction and tags are
         // below MAX_TAG, so one peer gets at most 2 * MAX_TAG numbers.
-        let send_counts: Vec<Count> = outgoing.iter().map(|l| l.len() as Count).collect();
-        let mut recv_counts = vec![0 as Count; size];
-        comm.all_to_all_into(&send_counts[..], &mut recv_counts[..]);
+        let send_counts: Vec<i32> = outgoing.iter().map(|l| l.len() as i32).collect();
+        let recv_counts = raw::all_to_all_counts(raw_comm, &send_counts)?;
         // Their sums need not: agreed on, so every rank skips the exchange when one cannot.
-        let displs = |counts: &[Count]| -> Option<Vec<Count>> {
-            let mut at: Count = 0;
-            let mut displs = Vec::with_capacity(counts.len());
-            for &c in counts {
-                displs.push(at);
-                at = at.checked_add(c)?;
-            }
-            Some(displs)
-        };
-        let (send_displs, recv_displs) = (displs(&send_counts), displs(&recv_counts));
-        let (Some(send_displs), Some(recv_displs)) = (send_displs, recv_displs) else {
-            let e = Error::invalid(
-                "this rank's halo links are too many to match with its peers' in one MPI call",
-            );
-            return raw::agree(comm, Some(&e), "its halo links could not be matched");
-        };
+        let recv_displs =
+            match raw::displacements(&send_counts).and_then(|_| raw::displacements(&recv_counts)) {
+                Ok((recv_displs, _)) => recv_displs,
+                Err(_) => {
+                    let e = Error::invalid(
+                        "this rank's halo links are too many to match with its peers' in one MPI call",
+                    );
+                    return raw::agree(comm, Some(&e), "its halo links could not be matched");
+                }
+            };
         raw::agree(comm, None, "its halo links could not be matched")?;
-        let sent: Vec<u64> = outgoing.concat();
-        let mut received = vec![0u64; recv_counts.iter().map(|&c| c as usize).sum()];
-        comm.all_to_all_varcount_into(
-            &Partition::new(&sent[..], &send_counts[..], &send_displs[..]),
-            &mut PartitionMut::new(&mut received[..], &recv_counts[..], &recv_displs[..]),
-        );
+        let received = raw::all_to_all_v_u64(raw_comm, &outgoing.concat(), &send_counts, &recv_counts)?;
         let incoming = per_peer(recvs);
         let mismatch = (0..size).find_map(|peer| {
             let at = recv_displs[peer] as usize;

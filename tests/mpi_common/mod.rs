@@ -38,7 +38,10 @@ pub fn ranks(test: &str, np: usize) -> bool {
     let mut cmd = Command::new("mpirun");
     // Open MPI writes each rank's output to a file of its own (ranks' lines interleave in
     // mpirun's stdout, seen mid-line on a 16-core machine): the pass count reads those.
-    let per_rank = std::env::temp_dir().join(format!("cuferry-mpi-{}-{test}", std::process::id()));
+    // No colons in it: Open MPI reads one as the start of an option (`dir:nojobid`), and unit
+    // tests' names have them (`module::test`).
+    let dir_name = format!("cuferry-mpi-{}-{}", std::process::id(), test.replace(':', "_"));
+    let per_rank = std::env::temp_dir().join(dir_name);
     let _ = std::fs::remove_dir_all(&per_rank);
     if openmpi {
         cmd.args(["--allow-run-as-root", "--oversubscribe", "-x", MARKER, "--output-filename"]);
