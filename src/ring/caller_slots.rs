@@ -327,49 +327,41 @@ mod tests {
         assert_eq!(page_groups(&spans, PAGE), vec![vec![0, 1, 2]]);
     }
 
-    /// Every pair of groups is disjoint in pages, and every span sharing a page with another is
-    /// in its group: checked against a plain pairwise page comparison.
-    #[test]
-    fn groups_match_a_pairwise_page_overlap() {
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = |m: usize| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed % m as u64) as usize
-        };
-        for _ in 0..2000 {
-            let n = 1 + next(7);
-            let spans: Vec<(usize, usize)> = (0..n).map(|_| (next(16 * PAGE), next(3 * PAGE))).collect();
+    proptest::proptest! {
+        /// Every span sharing a page with another is in its group, and the groups are
+        /// disjoint in pages and sorted by address: checked against a plain pairwise page
+        /// comparison.
+        #[test]
+        fn groups_match_a_pairwise_page_overlap(
+            spans in proptest::collection::vec((0..16 * PAGE, 0..3 * PAGE), 1..8)
+        ) {
             let groups = page_groups(&spans, PAGE);
             let pages = |i: usize| {
                 let (at, len) = spans[i];
-                at / PAGE..=(at + len - 1) / PAGE
+                (at / PAGE, (at + len - 1) / PAGE)
             };
             let group_of = |i: usize| groups.iter().position(|g| g.contains(&i));
-            for i in 0..n {
-                assert_eq!(group_of(i).is_some(), spans[i].1 > 0, "{spans:?} {groups:?}");
-                for j in 0..n {
+            for i in 0..spans.len() {
+                proptest::prop_assert_eq!(group_of(i).is_some(), spans[i].1 > 0);
+                for j in 0..spans.len() {
                     if i != j && spans[i].1 > 0 && spans[j].1 > 0 {
-                        let (a, b) = (pages(i), pages(j));
-                        let touch = a.start() <= b.end() && b.start() <= a.end();
-                        if touch {
-                            assert_eq!(group_of(i), group_of(j), "{spans:?} {groups:?}");
+                        let ((a0, a1), (b0, b1)) = (pages(i), pages(j));
+                        if a0 <= b1 && b0 <= a1 {
+                            proptest::prop_assert_eq!(group_of(i), group_of(j));
                         }
                     }
                 }
             }
-            // Groups are disjoint in pages: the union of one group's pages meets no other's.
             let union = |g: &Vec<usize>| {
-                let lo = g.iter().map(|&i| *pages(i).start()).min().unwrap();
-                let hi = g.iter().map(|&i| *pages(i).end()).max().unwrap();
+                let lo = g.iter().map(|&i| pages(i).0).min().unwrap_or(0);
+                let hi = g.iter().map(|&i| pages(i).1).max().unwrap_or(0);
                 (lo, hi)
             };
             for (x, gx) in groups.iter().enumerate() {
-                assert!(gx.windows(2).all(|w| spans[w[0]].0 <= spans[w[1]].0), "{spans:?} {groups:?}");
+                proptest::prop_assert!(gx.windows(2).all(|w| spans[w[0]].0 <= spans[w[1]].0));
                 for gy in &groups[x + 1..] {
                     let ((a0, a1), (b0, b1)) = (union(gx), union(gy));
-                    assert!(a1 < b0 || b1 < a0, "{spans:?} {groups:?}");
+                    proptest::prop_assert!(a1 < b0 || b1 < a0);
                 }
             }
         }
