@@ -7,9 +7,10 @@
 //! - When the driver cannot register the memory (not supported, or its pages are already
 //!   registered), the memory stays pageable: copies still work, at pageable speed, and
 //!   [`HostRegistration::is_pinned`] says so. Other CUDA errors are returned. The driver locks
-//!   whole pages, so of two `Vec`s sharing a page (small heap blocks side by side) only the
-//!   first registered is pinned; the ring's caller-memory slots are registered together for
-//!   that reason ([`TransferBackend::register_host_slots`](crate::ring::TransferBackend::register_host_slots)).
+//!   whole pages, and CUDA does not document whether it refuses a second registration on a
+//!   page another one holds (two `Vec`s side by side on the heap): check
+//!   [`HostRegistration::is_pinned`]. The ring's caller-memory slots register such neighbours
+//!   as one range when refused ([`TransferBackend::register_host_slots`](crate::ring::TransferBackend::register_host_slots)).
 //! - On the host backend nothing is registered and the memory is pageable.
 //! - `Drop` waits for queued copies, then unregisters.
 

@@ -2,9 +2,9 @@
 //!
 //! Rules:
 //! - A backend owns host slots (pinned by `cudaHostAlloc`, or caller memory registered with
-//!   `cudaHostRegister`, slots sharing a page together, falling back to pageable when the
-//!   driver refuses: see `caller_slots`) and device slots, and one copy stream on which every
-//!   upload is queued.
+//!   `cudaHostRegister`, slot by slot or, when the driver refuses neighbours on one page, as
+//!   one range; pageable where the driver refuses even that: see `caller_slots`) and device
+//!   slots, and one copy stream on which every upload is queued.
 //! - "Upload done" for a host slot is the slot's own use tracker: the host waits on it before
 //!   the slot is rewritten ([`TransferBackend::wait_host_slot`]).
 //! - "Ready" for a device slot is an event recorded right after its upload.
@@ -73,9 +73,10 @@ pub trait TransferBackend: Send + Sync {
     fn allocate_host_slots(&mut self, count: usize, bytes: usize) -> Result<()>;
 
     /// Uses caller memory as host slots, one slot per `Vec`, each registered (page-locked)
-    /// where the driver allows and pageable otherwise; replaces any earlier host slots. The
-    /// memory is not handed back. [`StreamTransferBackend`] registers slots whose pages touch
-    /// as one range, so heap neighbours sharing a page are all page-locked.
+    /// where the driver allows and pageable otherwise; replaces any earlier host slots, which
+    /// are released first (after a failure there are none). The memory is not handed back.
+    /// [`StreamTransferBackend`] registers heap neighbours sharing a page as one range when
+    /// the driver refuses them one by one, so they are all page-locked.
     ///
     /// # Errors
     ///
@@ -368,6 +369,9 @@ impl TransferBackend for StreamTransferBackend {
 
     fn register_host_slots(&mut self, slots: Vec<Vec<u8>>) -> Result<()> {
         check_slot_count(slots.len())?;
+        // The earlier slots are unregistered first: a new slot on a page (or bytes) one of
+        // them still held would be refused and stay pageable for the ring's whole life.
+        self.host_slots = HostSlots::Allocated(Vec::new());
         self.host_slots = HostSlots::Caller(CallerSlots::new(self.device, slots)?);
         Ok(())
     }

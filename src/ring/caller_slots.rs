@@ -2,18 +2,21 @@
 //! with `cudaHostRegister`.
 //!
 //! Rules:
-//! - The driver locks whole pages and refuses a range that reaches a page some registration
-//!   already holds (`cudaErrorHostMemoryAlreadyRegistered`). `Vec`s from the heap often share
-//!   a page (the allocator puts blocks side by side, multi-MiB ones too once its mmap
-//!   threshold has grown), so registering slot by slot left every second slot pageable, and
-//!   one pageable slot makes every upload of the ring synchronous. Slots whose page spans
-//!   touch are therefore registered together, as one range from the group's first byte to
-//!   its last: the bytes between two of them lie in pages they share, so the range stays
-//!   mapped for as long as the slots live.
-//! - A group the driver refuses as a whole ("already registered": some other registration
-//!   holds one of its pages; "not supported") falls back to its slots one by one, each
-//!   pageable when refused. Any other error is returned, and the ranges registered so far are
-//!   unregistered.
+//! - Each slot is registered alone first, as exactly its own bytes. CUDA documents only that a
+//!   range "already registered" is refused (`cudaErrorHostMemoryAlreadyRegistered`), not at
+//!   what granularity: a driver that tracks byte ranges takes two `Vec`s side by side on one
+//!   page, one that tracks the whole pages it locks refuses the second. Heap `Vec`s often
+//!   share a page (the allocator puts blocks side by side, multi-MiB ones too once its mmap
+//!   threshold has grown), and one pageable slot makes every upload of the ring synchronous.
+//!   So when a slot sharing a page with another slot is refused, the registrations of its
+//!   group (the slots whose pages touch, through a chain of neighbours) are undone and the
+//!   group is registered as one range, from its first byte to its last. The bytes between
+//!   two of its slots lie in a page both share, so the range stays mapped while the slots
+//!   live; a byte-range driver never gets such a range, so no bytes but the slots' are
+//!   locked there.
+//! - A group the driver refuses as one range too (another registration holds some of its
+//!   bytes; "not supported") is registered slot by slot again, each slot pageable when
+//!   refused. Any other error is returned, and the ranges registered so far are unregistered.
 //! - The slots are never handed back: one slot's memory could not be freed while the range
 //!   registered with it still covers a neighbour.
 //! - `Drop` waits for every slot's queued uploads, then unregisters each range. When a wait or
@@ -175,14 +178,43 @@ impl CallerSlots {
         &self.slots
     }
 
-    /// Registers one group (slot indices sorted by address) as one range, or slot by slot
-    /// when the driver refuses the range.
+    /// Registers one group (slot indices sorted by address) slot by slot; when the driver
+    /// refuses a slot of a group of several, undoes the group's registrations and registers
+    /// it as one range, or slot by slot again when that is refused too (module rules).
     fn register_group(&mut self, group: &[usize]) -> Result<()> {
-        if self.register_range(group)? || group.len() == 1 {
+        let mark = self.ranges.len();
+        let mut all = true;
+        for &slot in group {
+            all &= self.register_range(&[slot])?;
+        }
+        if all || group.len() == 1 {
+            return Ok(());
+        }
+        self.undo_ranges(mark, group)?;
+        if self.register_range(group)? {
             return Ok(());
         }
         for &slot in group {
             self.register_range(&[slot])?;
+        }
+        Ok(())
+    }
+
+    /// Unregisters the ranges registered since `self.ranges` had `mark` entries, all within
+    /// `group`, whose slots are then pageable. A range that fails to unregister stays listed
+    /// (so `release` leaks the memory rather than freeing it while registered).
+    fn undo_ranges(&mut self, mark: usize, group: &[usize]) -> Result<()> {
+        let Some(registrar) = &self.registrar else { return Ok(()) };
+        while self.ranges.len() > mark {
+            let first = self.ranges[self.ranges.len() - 1];
+            let ptr = self.slots[first].data.as_ptr().cast_mut().cast::<c_void>();
+            // SAFETY: `ptr` is the base of a range `register_range` registered, and nothing
+            // was queued on the slots yet (they are still being set up).
+            unsafe { registrar.unregister(ptr) }?;
+            self.ranges.pop();
+        }
+        for &i in group {
+            self.slots[i].pinned = false;
         }
         Ok(())
     }
@@ -328,9 +360,9 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// Every span sharing a page with another is in its group, and the groups are
-        /// disjoint in pages and sorted by address: checked against a plain pairwise page
-        /// comparison.
+        /// Every span sharing a page with another is in its group, the groups are disjoint in
+        /// pages and sorted by address, and no group reaches a page none of its spans touches:
+        /// checked against a plain pairwise page comparison.
         #[test]
         fn groups_match_a_pairwise_page_overlap(
             spans in proptest::collection::vec((0..16 * PAGE, 0..3 * PAGE), 1..8)
@@ -359,6 +391,12 @@ mod tests {
             };
             for (x, gx) in groups.iter().enumerate() {
                 proptest::prop_assert!(gx.windows(2).all(|w| spans[w[0]].0 <= spans[w[1]].0));
+                // No page between a group's first byte and its last without bytes of one of
+                // its spans: the range registered for it is mapped wherever its spans are.
+                let (lo, hi) = union(gx);
+                for page in lo..=hi {
+                    proptest::prop_assert!(gx.iter().any(|&i| pages(i).0 <= page && page <= pages(i).1));
+                }
                 for gy in &groups[x + 1..] {
                     let ((a0, a1), (b0, b1)) = (union(gx), union(gy));
                     proptest::prop_assert!(a1 < b0 || b1 < a0);
@@ -380,12 +418,14 @@ mod tests {
         assert!(second.iter().all(|&b| b == 2));
     }
 
-    /// A model of the driver's registrations: whole pages of `page` bytes, a range reaching a
-    /// page already registered refused (as CUDA's "already registered"), plus injected
-    /// refusals and failures.
+    /// A model of the driver's registrations, both kinds the module rules allow for: one that
+    /// locks and tracks whole pages of `page` bytes, refusing a range that reaches a page
+    /// already registered (as CUDA's "already registered"), or (`by_byte`) one that tracks
+    /// byte ranges; plus injected refusals and failures.
     #[derive(Debug, Default)]
     struct ModelState {
         page: usize,
+        by_byte: bool,
         /// Live registrations: base address and the pages they lock.
         live: Vec<(usize, std::ops::RangeInclusive<usize>)>,
         /// Ranges registered, in order, as (base, bytes).
@@ -395,7 +435,8 @@ mod tests {
         refuse_longer_than: Option<usize>,
         /// Fail the register call of this number (1-based) with a hard error.
         fail_call: Option<usize>,
-        fail_unregister: bool,
+        /// Fail this many unregister calls, from the next one on.
+        fail_unregisters: usize,
     }
 
     #[derive(Debug, Clone)]
@@ -427,7 +468,8 @@ mod tests {
                 return Ok(false);
             }
             let at = ptr as usize;
-            let pages = at / m.page..=(at + bytes - 1) / m.page;
+            let unit = if m.by_byte { 1 } else { m.page };
+            let pages = at / unit..=(at + bytes - 1) / unit;
             if m.live.iter().any(|(_, p)| p.start() <= pages.end() && pages.start() <= p.end()) {
                 return Ok(false);
             }
@@ -438,7 +480,8 @@ mod tests {
 
         unsafe fn unregister(&self, ptr: *mut c_void) -> Result<()> {
             let mut m = self.state();
-            if m.fail_unregister {
+            if m.fail_unregisters > 0 {
+                m.fail_unregisters -= 1;
                 return Err(Error::invalid("injected unregister failure"));
             }
             let at = m.live.iter().position(|(base, _)| *base == ptr as usize);
@@ -452,10 +495,12 @@ mod tests {
         slots.iter().map(|v| (v.as_ptr() as usize, v.len())).collect()
     }
 
-    /// Small heap blocks side by side in one (model) page: every one is pinned, by one range
-    /// covering all of them. Registered one by one, all but the first would be refused.
+    /// Small heap blocks side by side in one page, under a driver that tracks whole pages:
+    /// the first registered alone holds the page and the next is refused, so the group is
+    /// registered again as one range and every slot is pinned. Registered only one by one,
+    /// all but the first would stay pageable.
     #[test]
-    fn heap_neighbours_sharing_a_page_are_all_pinned() {
+    fn heap_neighbours_sharing_a_page_are_all_pinned_by_one_range() {
         const PAGE: usize = 1 << 30;
         let slots: Vec<Vec<u8>> = (0..6).map(|i| vec![i as u8; 100]).collect();
         let spans = spans_of(&slots);
@@ -466,7 +511,11 @@ mod tests {
         assert!(caller.slots().iter().all(|s| s.kind() == MemoryKind::Pinned));
         let lo = spans.iter().map(|s| s.0).min().unwrap();
         let hi = spans.iter().map(|s| s.0 + s.1).max().unwrap();
-        assert_eq!(driver.state().registered, vec![(lo, hi - lo)]);
+        {
+            let m = driver.state();
+            assert_eq!(m.registered.last(), Some(&(lo, hi - lo)), "{m:?}");
+            assert_eq!(m.live.len(), 1, "{m:?}");
+        }
         for (slot, i) in caller.slots().iter().zip(0u8..) {
             // SAFETY: nothing is queued on the slots; read while `caller` lives.
             let bytes = unsafe { std::slice::from_raw_parts(slot.raw_parts().ptr, slot.len()) };
@@ -476,10 +525,28 @@ mod tests {
         assert!(driver.state().live.is_empty(), "{:?}", driver.state());
     }
 
-    /// A group the driver refuses whole falls back to its slots one by one: here the first
+    /// Under a driver that tracks byte ranges, neighbours on one page register alone: exactly
+    /// their own bytes, never the heap bytes between them.
+    #[test]
+    fn a_byte_range_driver_registers_each_slot_alone() {
+        const PAGE: usize = 1 << 30;
+        let slots: Vec<Vec<u8>> = (0..6).map(|_| vec![0u8; 100]).collect();
+        let mut spans = spans_of(&slots);
+        assert_eq!(page_groups(&spans, PAGE).len(), 1, "{spans:?}");
+        let driver = ModelDriver::new(PAGE);
+        driver.state().by_byte = true;
+        let caller = driver.slots(slots).unwrap();
+        assert!(caller.slots().iter().all(|s| s.kind() == MemoryKind::Pinned));
+        spans.sort();
+        assert_eq!(driver.state().registered, spans);
+        drop(caller);
+        assert!(driver.state().live.is_empty());
+    }
+
+    /// A group refused as one range too is registered slot by slot again: here the first
     /// (lowest address) is registered and the others, in its page, are refused and pageable.
     #[test]
-    fn a_group_refused_whole_falls_back_slot_by_slot() {
+    fn a_group_refused_as_one_range_falls_back_slot_by_slot() {
         const PAGE: usize = 1 << 30;
         let slots: Vec<Vec<u8>> = (0..4).map(|_| vec![7u8; 100]).collect();
         let spans = spans_of(&slots);
@@ -493,11 +560,31 @@ mod tests {
             let want = if i == lowest { MemoryKind::Pinned } else { MemoryKind::Pageable };
             assert_eq!(*kind, want, "{kinds:?}");
         }
-        // One refused group range, then one call per slot.
-        assert_eq!(driver.state().register_calls, 5);
-        assert_eq!(driver.state().registered, vec![spans[lowest]]);
+        let m = driver.state();
+        // Slot by slot, the refused group range, slot by slot again.
+        assert_eq!(m.register_calls, 4 + 1 + 4, "{m:?}");
+        assert_eq!(m.registered, vec![spans[lowest]; 2], "{m:?}");
+        assert_eq!(m.live.len(), 1, "{m:?}");
+        drop(m);
         drop(caller);
         assert!(driver.state().live.is_empty());
+    }
+
+    /// An unregister failing while a group's registrations are undone is returned, and the
+    /// range stays listed: released with the rest (here the second try succeeds), never
+    /// forgotten while registered.
+    #[test]
+    fn an_undo_failure_is_returned_and_its_range_kept() {
+        const PAGE: usize = 1 << 30;
+        let slots: Vec<Vec<u8>> = (0..2).map(|_| vec![5u8; 100]).collect();
+        assert_eq!(page_groups(&spans_of(&slots), PAGE).len(), 1);
+        let driver = ModelDriver::new(PAGE);
+        driver.state().fail_unregisters = 1;
+        let err = driver.slots(slots).unwrap_err();
+        assert!(err.to_string().contains("injected unregister failure"), "{err}");
+        let m = driver.state();
+        assert_eq!((m.registered.len(), m.fail_unregisters), (1, 0), "{m:?}");
+        assert!(m.live.is_empty(), "the range was dropped from the list: {m:?}");
     }
 
     /// A hard error while registering undoes the ranges registered before it.
@@ -526,11 +613,10 @@ mod tests {
             // Leaked on purpose below: kept reachable for LeakSanitizer.
             crate::memory::leaked_on_purpose::keep(slot.raw_parts().ptr);
         }
-        driver.state().fail_unregister = true;
+        driver.state().fail_unregisters = usize::MAX;
         let err = caller.release().unwrap_err();
         assert!(err.to_string().contains("injected unregister failure"), "{err}");
         assert!(caller.slots().is_empty());
         drop(caller); // nothing left to release
-        assert!(crate::error::take_drop_error().is_none());
     }
 }
