@@ -315,7 +315,13 @@ impl HaloCommunicator {
         // Each fits an MPI count: a (peer, tag) pair is used once per direction and tags are
         // below MAX_TAG, so one peer gets at most 2 * MAX_TAG numbers.
         let send_counts: Vec<i32> = outgoing.iter().map(|l| l.len() as i32).collect();
-        let recv_counts = raw::all_to_all_counts(raw_comm, &send_counts)?;
+        // A collective can fail on some ranks only (a truncated message fails its receiver):
+        // the others go on to the next agreement, so a failing rank joins it with its error
+        // instead of returning, and they fail with it rather than wait for it for ever.
+        let recv_counts = match raw::all_to_all_counts(raw_comm, &send_counts) {
+            Ok(counts) => counts,
+            Err(e) => return raw::agree(comm, Some(&e), "its halo links could not be matched"),
+        };
         // Their sums need not: agreed on, so every rank skips the exchange when one cannot.
         let recv_displs =
             match raw::displacements(&send_counts).and_then(|_| raw::displacements(&recv_counts)) {
@@ -328,7 +334,10 @@ impl HaloCommunicator {
                 }
             };
         raw::agree(comm, None, "its halo links could not be matched")?;
-        let received = raw::all_to_all_v_u64(raw_comm, &outgoing.concat(), &send_counts, &recv_counts)?;
+        let received = match raw::all_to_all_v_u64(raw_comm, &outgoing.concat(), &send_counts, &recv_counts) {
+            Ok(received) => received,
+            Err(e) => return raw::agree(comm, Some(&e), "its halo links do not match its peers' links"),
+        };
         let incoming = per_peer(recvs);
         let mismatch = (0..size).find_map(|peer| {
             let at = recv_displs[peer] as usize;

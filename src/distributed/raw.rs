@@ -14,9 +14,11 @@
 //!   counts against each other) before any MPI call: a mismatch is an
 //!   [`Error::InvalidArgument`], never a read or write past a slice. A rank that fails that
 //!   way does not enter the collective, and its peers wait in it: callers make every rank's
-//!   arguments valid, or agree on them first. After a collective returned [`Error::Mpi`] its
-//!   outcome on the other ranks is unknown; the communicator is not used for collectives
-//!   again (the halo communicator's `new` fails).
+//!   arguments valid, or agree on them first. A collective can return [`Error::Mpi`] on some ranks
+//!   only (a truncated message fails its receiver), so the halo communicator's `new` joins
+//!   the next agreement with the error on a failing rank: its peers, which went on to that
+//!   agreement, fail with it instead of waiting for ever. `new` then fails on every rank and
+//!   the communicator is not used again.
 //! - A [`RawRequest`] owns one pending request. Dropping it while pending frees the handle
 //!   with `MPI_Request_free`; the caller must then keep the message buffer alive for as long
 //!   as MPI may touch it (the halo communicator leaks it, see its docs).
@@ -589,8 +591,27 @@ mod tests {
             "MPI_Alltoallv",
             ffi::MPI_ERR_TRUNCATE,
         );
+        // A failure on one rank only: rank 1 expects one value from rank 0, which sends two.
+        // Rank 1's receive is truncated, rank 0's exchange succeeds, and the agreement after
+        // it (what the halo communicator does) still works: each learns of the failure.
+        let (counts_out, counts_in) = if me == 0 { ([1, 2], [1, 1]) } else { ([1, 1], [1, 1]) };
+        let send = vec![9u64; counts_out.iter().sum::<i32>() as usize];
+        let exchanged = all_to_all_v_u64(raw, &send, &counts_out, &counts_in);
+        if me == 1 {
+            let err = exchanged.unwrap_err();
+            assert!(matches!(&err, Error::Mpi { call: "MPI_Alltoallv", .. }), "{err:?}");
+            assert!(matches!(agree(&comm, Some(&err), "x"), Err(Error::Mpi { .. })));
+        } else {
+            assert_eq!(exchanged.unwrap(), vec![9, 9]);
+            assert_eq!(agree(&comm, None, "x"), Err(Error::PeerFailed { rank: 1, what: "x".into() }));
+        }
         // A negative count, refused by MPI's parameter checking (Open MPI's default) before
-        // any buffer is touched, through the raw calls the wrappers make.
+        // any buffer is touched, through the raw calls the wrappers make. Without parameter
+        // checking MPI would be handed the negative count: skipped.
+        if std::env::var("OMPI_MCA_mpi_param_check").is_ok_and(|v| v == "0") {
+            println!("rank {me}: MPI parameter checking is off; negative counts not tried");
+            return;
+        }
         let (mut one, mut two, counts, displs) = ([0i32], [0i32; 2], [-1; 2], [0; 2]);
         // SAFETY: both buffers hold one value; MPI refuses the negative count outright.
         let r = unsafe { all_reduce_min_i32_raw(&me, one.as_mut_ptr(), -1, raw) };
