@@ -126,8 +126,8 @@ impl Registrar for CudaRegistrar {
     }
 }
 
-/// Caller memory given as host slots, registered in groups of slots that share pages (see the
-/// module rules).
+/// Caller memory given as host slots, registered slot by slot, or as one range for
+/// page-sharing neighbours the driver refuses one by one (see the module rules).
 #[derive(Debug)]
 pub(super) struct CallerSlots {
     /// `None` on the host backend, which registers nothing.
