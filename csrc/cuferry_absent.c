@@ -96,6 +96,11 @@ cuferry_status cuferry_cuda_memcpy_peer_async(void *dst, int32_t dst_device, con
                                          cuferry_stream stream) {
   (void)dst; (void)dst_device; (void)src; (void)src_device; (void)bytes; (void)stream; NB;
 }
+cuferry_status cuferry_cuda_memcpy_batch_async(void *const *dsts, const void *const *srcs,
+                                          const size_t *sizes, size_t count,
+                                          cuferry_stream stream) {
+  (void)dsts; (void)srcs; (void)sizes; (void)count; (void)stream; NB;
+}
 cuferry_status cuferry_cuda_memset_async(void *dst, int32_t value, size_t bytes,
                                     cuferry_stream stream) {
   (void)dst; (void)value; (void)bytes; (void)stream; NB;

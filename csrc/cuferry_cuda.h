@@ -218,6 +218,13 @@ cuferry_status cuferry_cuda_memcpy_async(void *dst, const void *src, size_t byte
 cuferry_status cuferry_cuda_memcpy_peer_async(void *dst, int32_t dst_device, const void *src,
                                          int32_t src_device, size_t bytes,
                                          cuferry_stream stream);
+/** cudaMemcpyBatchAsync of `count` independent copies (`sizes[k]` bytes from `srcs[k]` to
+ *  `dsts[k]`, any pointers under unified addressing) on `stream`, sources read in stream
+ *  order. The copies of a batch run in no set order among themselves: no destination may
+ *  overlap another copy's source or destination. `count` 0 queues nothing. */
+cuferry_status cuferry_cuda_memcpy_batch_async(void *const *dsts, const void *const *srcs,
+                                          const size_t *sizes, size_t count,
+                                          cuferry_stream stream);
 /** cudaMemsetAsync of device memory to the byte `value`. */
 cuferry_status cuferry_cuda_memset_async(void *dst, int32_t value, size_t bytes,
                                     cuferry_stream stream);

@@ -122,6 +122,27 @@ cuferry_status cuferry_cuda_memcpy_peer_async(void *dst, int32_t dst_device, con
       cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, cf_stream(stream)));
 }
 
+cuferry_status cuferry_cuda_memcpy_batch_async(void *const *dsts, const void *const *srcs,
+                                          const size_t *sizes, size_t count,
+                                          cuferry_stream stream) {
+  CF_REQUIRE(stream);
+  if (count == 0) {
+    return CUFERRY_STATUS_SUCCESS;
+  }
+  CF_REQUIRE(dsts);
+  CF_REQUIRE(srcs);
+  CF_REQUIRE(sizes);
+  // One attribute set for the whole batch: sources are read in stream order (cuferry orders
+  // every earlier write to them on the stream before this call), no location hints (zeroed,
+  // as they only apply to managed memory), no flags.
+  cudaMemcpyAttributes attrs{};
+  attrs.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  attrs.flags = cudaMemcpyFlagDefault;
+  size_t first_copy = 0;
+  return cf_check(cudaMemcpyBatchAsync(dsts, srcs, sizes, count, &attrs, &first_copy, 1,
+                                       cf_stream(stream)));
+}
+
 cuferry_status cuferry_cuda_memset_async(void *dst, int32_t value, size_t bytes,
                                     cuferry_stream stream) {
   CF_REQUIRE(stream);

@@ -59,7 +59,7 @@ pub mod sys;
 mod topology;
 mod work_queue;
 
-pub use copy::{copy, copy_range, CopyDirection};
+pub use copy::{copy, copy_range, copy_ranges, CopyBatch, CopyDirection, CopyRange};
 pub use device::{
     can_access_peer, cuda_build_note, cuda_built, cuda_driver_version, cuda_runtime_version,
     enable_peer_access, CudaVersion, Device, DeviceProperties, DeviceSpec, HostWait, MemoryInfo,

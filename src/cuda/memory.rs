@@ -131,6 +131,46 @@ pub(crate) unsafe fn memcpy_peer_async(
     })
 }
 
+/// `cudaMemcpyBatchAsync`: copy `k` moves `sizes[k]` bytes from `srcs[k]` to `dsts[k]`, in no
+/// set order among the copies, after the work queued on the stream before it.
+///
+/// # Errors
+///
+/// [`crate::Error::InvalidArgument`] when the three slices' lengths differ; CUDA errors of the
+/// call.
+///
+/// # Safety
+///
+/// 1. Every range is valid memory under unified addressing and **stays alive and untouched
+///    by others until the stream has run the batch** (it is asynchronous).
+/// 2. No destination range overlaps another copy's source or destination range.
+pub(crate) unsafe fn memcpy_batch_async(
+    dsts: &[*mut c_void],
+    srcs: &[*const c_void],
+    sizes: &[usize],
+    stream: RawStream,
+) -> Result<()> {
+    if dsts.len() != srcs.len() || dsts.len() != sizes.len() {
+        return Err(crate::Error::invalid(format!(
+            "a copy batch of {} destinations, {} sources and {} sizes",
+            dsts.len(),
+            srcs.len(),
+            sizes.len()
+        )));
+    }
+    // SAFETY: the three arrays have `dsts.len()` entries each (checked); preconditions 1 and
+    // 2; the stream handle is live. CUDA only reads the arrays during the call.
+    check("cudaMemcpyBatchAsync", unsafe {
+        sys::cuferry_cuda_memcpy_batch_async(
+            dsts.as_ptr(),
+            srcs.as_ptr(),
+            sizes.as_ptr(),
+            dsts.len(),
+            stream.0,
+        )
+    })
+}
+
 /// `cudaMemsetAsync`.
 ///
 /// # Safety

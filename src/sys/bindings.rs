@@ -338,6 +338,16 @@ unsafe extern "C" {
     ) -> cuferry_status;
 }
 unsafe extern "C" {
+    #[doc = " cudaMemcpyBatchAsync of `count` independent copies (`sizes[k]` bytes from `srcs[k]` to\n  `dsts[k]`, any pointers under unified addressing) on `stream`, sources read in stream\n  order. The copies of a batch run in no set order among themselves: no destination may\n  overlap another copy's source or destination. `count` 0 queues nothing."]
+    pub fn cuferry_cuda_memcpy_batch_async(
+        dsts: *const *mut ::std::os::raw::c_void,
+        srcs: *const *const ::std::os::raw::c_void,
+        sizes: *const usize,
+        count: usize,
+        stream: cuferry_stream,
+    ) -> cuferry_status;
+}
+unsafe extern "C" {
     #[doc = " cudaMemsetAsync of device memory to the byte `value`."]
     pub fn cuferry_cuda_memset_async(
         dst: *mut ::std::os::raw::c_void,

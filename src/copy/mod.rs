@@ -15,6 +15,8 @@
 //!     another (peer: `cudaMemcpyPeerAsync`, staged by the driver when P2P is off), host to
 //!     host, and to or from managed memory (`cudaMemcpyDefault`).
 //! - Ranges are checked before anything is queued; a copy of zero elements queues nothing.
+//! - Many ranges at once go in a [`CopyBatch`] (one `cudaMemcpyBatchAsync` on CUDA), under
+//!   the same rules; see [`batch`].
 //!
 //! # Examples
 //!
@@ -28,6 +30,10 @@
 //! assert_eq!(dst.to_vec(&stream)?, vec![2, 3, 4, 0]);
 //! # Ok::<(), cuferry::Error>(())
 //! ```
+
+pub mod batch;
+
+pub use batch::{copy_ranges, CopyBatch, CopyRange};
 
 use crate::cuda::memory::{self as raw, CopyKind};
 use crate::device::Device;

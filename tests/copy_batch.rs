@@ -1,0 +1,248 @@
+//! Batched copies (`CopyBatch`, `copy_ranges`): random batches over several sources and
+//! destinations of every memory kind against a scalar loop, refused batches that leave their
+//! buffers untouched, ordering with work on other streams, and buffers dropped while a batch
+//! that uses them waits behind held work.
+//! Each check runs on the host backend and, when a GPU is present, on CUDA (where the batch
+//! is one `cudaMemcpyBatchAsync`).
+
+mod common;
+
+use common::{Gate, Rng};
+use cuferry::{
+    copy_range, copy_ranges, CopyBatch, CopyDirection, CopyRange, Device, DeviceBuffer, Error,
+    HostRegistration, PinnedBuffer, Stream,
+};
+use proptest::prelude::*;
+
+/// Random ranges into a destination of `n_dst` elements from a source of `n_src`: the
+/// destination is cut into random segments, some of which become copies (so no two write the
+/// same element), listed in a random order; a few are empty.
+fn random_ranges(rng: &mut Rng, n_src: usize, n_dst: usize, max_copies: usize) -> Vec<CopyRange> {
+    let mut cuts: Vec<usize> = (0..rng.below(max_copies + 1)).map(|_| rng.below(n_dst + 1)).collect();
+    cuts.extend([0, n_dst]);
+    cuts.sort_unstable();
+    let mut ranges = Vec::new();
+    for w in cuts.windows(2) {
+        if rng.below(4) == 0 {
+            continue;
+        }
+        let len = rng.below(w[1] - w[0] + 1).min(n_src);
+        ranges.push(CopyRange::new(rng.below(n_src - len + 1), w[0], len));
+    }
+    for k in (1..ranges.len()).rev() {
+        ranges.swap(k, rng.below(k + 1));
+    }
+    ranges
+}
+
+/// What a scalar loop makes of `dst` after copying `ranges` from `src`.
+fn reference(src: &[u32], dst: &[u32], ranges: &[CopyRange]) -> Vec<u32> {
+    let mut out = dst.to_vec();
+    for r in ranges {
+        for i in 0..r.len {
+            out[r.dst_offset + i] = src[r.src_offset + i];
+        }
+    }
+    out
+}
+
+fn random_words(rng: &mut Rng, n: usize) -> Vec<u32> {
+    (0..n).map(|_| rng.next_u64() as u32).collect()
+}
+
+/// Random words, mostly a few thousand, a third of the time up to 300,000 (past the host
+/// backend's 256 KiB inline limit).
+fn random_buffer(rng: &mut Rng) -> Vec<u32> {
+    let most = if rng.below(3) == 0 { 300_000 } else { 3000 };
+    let n = 1 + rng.below(most);
+    random_words(rng, n)
+}
+
+/// One batch of five pairs over two sources (one shared by three pairs) and five destinations
+/// of every memory kind the device has, against the scalar reference.
+fn batch_matches_scalar_reference(device: Device, seed: u64) {
+    let stream = Stream::new(device).unwrap();
+    let mut rng = Rng::new(seed);
+    let a_data = random_buffer(&mut rng);
+    let b_data = random_buffer(&mut rng);
+    let a = DeviceBuffer::from_slice(&stream, &a_data).unwrap();
+    let b = PinnedBuffer::from_slice(device, &b_data).unwrap();
+    let inits: Vec<Vec<u32>> = (0..5).map(|_| random_buffer(&mut rng)).collect();
+    let mut d0 = DeviceBuffer::from_slice(&stream, &inits[0]).unwrap();
+    let mut d1 = PinnedBuffer::from_slice(device, &inits[1]).unwrap();
+    let mut d2 = HostRegistration::new(device, inits[2].clone()).unwrap();
+    let mut d3 = DeviceBuffer::from_slice(&stream, &inits[3]).unwrap();
+    let mut d4 = PinnedBuffer::from_slice(device, &inits[4]).unwrap();
+    let sources = [&a_data, &a_data, &b_data, &a_data, &b_data];
+    let ranges: Vec<Vec<CopyRange>> =
+        (0..5).map(|k| random_ranges(&mut rng, sources[k].len(), inits[k].len(), 40)).collect();
+    let mut batch = CopyBatch::new(&stream);
+    batch.add(&a, &mut d0, &ranges[0]).unwrap();
+    batch.add(&a, &mut d1, &ranges[1]).unwrap();
+    batch.add(&b, &mut d2, &ranges[2]).unwrap();
+    batch.add(&a, &mut d3, &ranges[3]).unwrap();
+    batch.add(&b, &mut d4, &ranges[4]).unwrap();
+    let copies = ranges.iter().flatten().filter(|r| r.len > 0).count();
+    assert_eq!(batch.len(), copies);
+    assert_eq!(batch.bytes(), ranges.iter().flatten().map(|r| r.len * 4).sum::<usize>());
+    batch.submit().unwrap();
+    let got = [d0.to_vec(&stream).unwrap(), d1.as_slice().unwrap().to_vec(), d2.into_inner().unwrap()];
+    for (k, got) in got.iter().enumerate() {
+        assert_eq!(got, &reference(sources[k], &inits[k], &ranges[k]), "pair {k}, seed {seed}");
+    }
+    assert_eq!(d3.to_vec(&stream).unwrap(), reference(sources[3], &inits[3], &ranges[3]), "seed {seed}");
+    assert_eq!(d4.as_slice().unwrap(), &reference(sources[4], &inits[4], &ranges[4])[..], "seed {seed}");
+    assert_eq!(a.to_vec(&stream).unwrap(), a_data, "a source changed");
+}
+
+fn random_batches(device: Device) {
+    for seed in 0..12 {
+        batch_matches_scalar_reference(device, seed);
+    }
+}
+
+/// `copy_ranges` names the direction, copies bytes as `u8` ranges, and takes no range, empty
+/// ranges, and ranges touching both ends.
+fn single_pair_and_edges(device: Device) {
+    let stream = Stream::new(device).unwrap();
+    let data: Vec<u8> = (0..=255).collect();
+    let src = PinnedBuffer::from_slice(device, &data).unwrap();
+    let mut dst = DeviceBuffer::<u8>::zeroed(&stream, 256).unwrap();
+    let expected = if device.is_host() { CopyDirection::HostToHost } else { CopyDirection::HostToDevice };
+    assert_eq!(copy_ranges(&stream, &src, &mut dst, &[]).unwrap(), expected);
+    let ranges = [
+        CopyRange::new(250, 0, 6),
+        CopyRange::new(0, 250, 6),
+        CopyRange::new(7, 100, 0),
+        CopyRange::new(256, 256, 0),
+    ];
+    assert_eq!(copy_ranges(&stream, &src, &mut dst, &ranges).unwrap(), expected);
+    let got = dst.to_vec(&stream).unwrap();
+    assert_eq!(&got[..6], &data[250..]);
+    assert_eq!(&got[250..], &data[..6]);
+    assert!(got[6..250].iter().all(|&v| v == 0), "bytes outside the ranges were written");
+}
+
+/// Bad batches are typed errors: a range out of bounds leaves the batch as it was, and a
+/// batch whose copies depend on each other queues nothing.
+fn refused_batches(device: Device) {
+    let stream = Stream::new(device).unwrap();
+    let src = DeviceBuffer::from_slice(&stream, &[1u32, 2, 3, 4, 5, 6, 7, 8]).unwrap();
+    let mut dst = DeviceBuffer::<u32>::zeroed(&stream, 8).unwrap();
+    let mut other = DeviceBuffer::<u32>::zeroed(&stream, 8).unwrap();
+    for bad in [
+        [CopyRange::new(0, 0, 2), CopyRange::new(7, 0, 2)],
+        [CopyRange::new(0, 7, 2), CopyRange::new(0, 0, 1)],
+        [CopyRange::new(usize::MAX, 0, 1), CopyRange::new(0, 0, 1)],
+    ] {
+        let mut batch = CopyBatch::new(&stream);
+        assert!(matches!(batch.add(&src, &mut other, &bad), Err(Error::InvalidArgument { .. })), "{bad:?}");
+        assert!(batch.is_empty(), "a refused pair left copies behind");
+        batch.submit().unwrap();
+    }
+    assert_eq!(other.to_vec(&stream).unwrap(), vec![0; 8], "a refused pair wrote something");
+    let mut batch = CopyBatch::new(&stream);
+    batch.add(&src, &mut dst, &[CopyRange::new(0, 0, 4), CopyRange::new(4, 3, 2)]).unwrap();
+    let err = batch.submit().expect_err("two copies writing element 3 were queued");
+    assert!(matches!(err, Error::InvalidArgument { .. }), "{err:?}");
+    assert_eq!(dst.to_vec(&stream).unwrap(), vec![0; 8], "a refused batch wrote something");
+    // The same ranges into two destinations are independent.
+    let mut batch = CopyBatch::new(&stream);
+    batch.add(&src, &mut dst, &[CopyRange::new(0, 0, 4)]).unwrap();
+    batch.add(&src, &mut other, &[CopyRange::new(0, 0, 4)]).unwrap();
+    batch.submit().unwrap();
+    assert_eq!(dst.to_vec(&stream).unwrap(), vec![1, 2, 3, 4, 0, 0, 0, 0]);
+    assert_eq!(other.to_vec(&stream).unwrap(), vec![1, 2, 3, 4, 0, 0, 0, 0]);
+}
+
+/// A batch is ordered after the write to its source on another stream, and a later write to
+/// its destination on a third stream waits for it; the buffers are dropped while the batch is
+/// still held behind a gate, and its copies arrive intact.
+fn ordered_with_other_streams_and_drops(device: Device) {
+    let (writer, batcher, later) =
+        (Stream::new(device).unwrap(), Stream::new(device).unwrap(), Stream::new(device).unwrap());
+    let n = 1 << 20;
+    let old: Vec<u32> = vec![7; n];
+    let new: Vec<u32> = (0..n as u32).collect();
+    let mut src = DeviceBuffer::from_slice(&writer, &old).unwrap();
+    let staged = DeviceBuffer::from_slice(&writer, &new).unwrap();
+    let mut dst = DeviceBuffer::<u32>::zeroed(&writer, n).unwrap();
+    let mut out = PinnedBuffer::<u32>::zeroed(device, n).unwrap();
+    let fill = DeviceBuffer::from_slice(&later, &[9u32; 4]).unwrap();
+    let gate = Gate::hold(&writer);
+    copy_range(&writer, &staged, 0, &mut src, 0, n).unwrap(); // held behind the gate
+    let half = n / 2;
+    let ranges = [CopyRange::new(0, half, half), CopyRange::new(half, 0, half)];
+    copy_ranges(&batcher, &src, &mut dst, &ranges).unwrap();
+    copy_ranges(&later, &dst, &mut out, &[CopyRange::new(0, 0, n)]).unwrap();
+    copy_range(&later, &fill, 0, &mut dst, 0, 4).unwrap();
+    assert!(!gate.passed(), "the gate opened early");
+    let opener = gate.open_after(std::time::Duration::from_millis(50));
+    drop(src);
+    drop(staged);
+    opener.join().unwrap();
+    let mut expected: Vec<u32> = new[half..].iter().chain(&new[..half]).copied().collect();
+    assert_eq!(out.as_slice().unwrap(), &expected[..], "the batch read the source before its write");
+    expected[..4].fill(9);
+    assert_eq!(dst.to_vec(&later).unwrap(), expected, "the later write ran before the batch");
+}
+
+on_both_backends! {
+    random_batches => random_batches;
+    single_pair_and_edges => single_pair_and_edges;
+    refused_batches => refused_batches;
+    ordered_with_other_streams_and_drops => ordered_with_other_streams_and_drops;
+}
+
+/// A host stream cannot batch copies of CUDA memory: refused at `add`.
+#[test]
+fn cuda_memory_needs_a_cuda_stream() {
+    let Some(gpu) = common::cuda_device() else { return };
+    let cuda_stream = Stream::new(gpu).unwrap();
+    let host_stream = Stream::new(Device::Host).unwrap();
+    let dev = DeviceBuffer::from_slice(&cuda_stream, &[5u8; 16]).unwrap();
+    let mut host = PinnedBuffer::<u8>::zeroed(gpu, 16).unwrap();
+    let mut batch = CopyBatch::new(&host_stream);
+    assert!(matches!(
+        batch.add(&dev, &mut host, &[CopyRange::new(0, 0, 16)]),
+        Err(Error::InvalidArgument { .. })
+    ));
+}
+
+/// A batch with a peer pair and a same-device pair (skipped on one-GPU machines).
+#[test]
+fn cuda_peer_pairs_in_a_batch() {
+    let Some((d0, d1)) = common::two_cuda_devices() else { return };
+    let s0 = Stream::new(d0).unwrap();
+    let s1 = Stream::new(d1).unwrap();
+    let data: Vec<u32> = (0..4096).collect();
+    let a = DeviceBuffer::from_slice(&s0, &data).unwrap();
+    let mut on_1 = DeviceBuffer::<u32>::zeroed(&s1, 4096).unwrap();
+    let mut on_0 = DeviceBuffer::<u32>::zeroed(&s0, 4096).unwrap();
+    let ranges = [CopyRange::new(0, 2048, 2048), CopyRange::new(2048, 0, 2048)];
+    let mut batch = CopyBatch::new(&s0);
+    batch.add(&a, &mut on_1, &ranges).unwrap();
+    batch.add(&a, &mut on_0, &ranges).unwrap();
+    batch.submit().unwrap();
+    let expected: Vec<u32> = data[2048..].iter().chain(&data[..2048]).copied().collect();
+    assert_eq!(on_1.to_vec(&s1).unwrap(), expected);
+    assert_eq!(on_0.to_vec(&s0).unwrap(), expected);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Random batches of byte ranges on the host backend, against the scalar loop.
+    #[test]
+    fn host_random_byte_batches(seed in any::<u64>(), n_src in 1usize..5000, n_dst in 1usize..5000) {
+        let stream = Stream::new(Device::Host).unwrap();
+        let mut rng = Rng::new(seed);
+        let src_data = random_words(&mut rng, n_src);
+        let dst_data = random_words(&mut rng, n_dst);
+        let src = DeviceBuffer::from_slice(&stream, &src_data).unwrap();
+        let mut dst = DeviceBuffer::from_slice(&stream, &dst_data).unwrap();
+        let ranges = random_ranges(&mut rng, n_src, n_dst, 64);
+        copy_ranges(&stream, &src, &mut dst, &ranges).unwrap();
+        prop_assert_eq!(dst.to_vec(&stream).unwrap(), reference(&src_data, &dst_data, &ranges));
+    }
+}
