@@ -305,6 +305,25 @@ typedef struct CuferryRingSlot CuferryRingSlot;
 typedef struct CuferryStream CuferryStream;
 
 /**
+ * One copy of a [`cuferry_copy_batch`]: `bytes` bytes from `src_offset` in the source to
+ * `dst_offset` in the destination.
+ */
+typedef struct CuferryCopyRange {
+  /**
+   * First byte read from the source.
+   */
+  size_t src_offset;
+  /**
+   * First byte written in the destination.
+   */
+  size_t dst_offset;
+  /**
+   * Bytes to copy (0: the range is skipped).
+   */
+  size_t bytes;
+} CuferryCopyRange;
+
+/**
  * One exchange of one array: its layout, the region packed (turned `rotation` quarter turns
  * clockwise) and the region unpacked into. Unused trailing entries of the arrays are ignored.
  */
@@ -592,6 +611,26 @@ enum CuferryStatus cuferry_copy(const struct CuferryStream *stream,
                                 struct CuferryBuffer *dst,
                                 size_t dst_offset,
                                 size_t bytes);
+
+/**
+ * Queues `count` copies from `src` to `dst` on `stream` as one batch (on CUDA one
+ * `cudaMemcpyBatchAsync`, cheaper than `count` calls of [`cuferry_copy`]): a paged cache's
+ * blocks, a gather of items. The copies run in no set order among themselves, so no byte may
+ * be written by two of them, or written by one and read by another (`src` and `dst` may be
+ * one buffer under that rule); such a batch, or a range outside either buffer, is
+ * `CUFERRY_STATUS_INVALID_ARGUMENT` and nothing is queued. The batch is ordered after both
+ * buffers' earlier uses, as a copy is. `ranges` may be NULL when `count` is 0.
+ *
+ * # Safety
+ *
+ * Every handle is NULL or live; `ranges` holds `count` readable elements (or is NULL); C
+ * code does not touch `dst`'s memory until the batch finished.
+ */
+enum CuferryStatus cuferry_copy_batch(const struct CuferryStream *stream,
+                                      const struct CuferryBuffer *src,
+                                      struct CuferryBuffer *dst,
+                                      const struct CuferryCopyRange *ranges,
+                                      size_t count);
 
 /**
  * Creates a packer for `n` exchanges on `device` in `*out`.

@@ -351,6 +351,28 @@ class Library:
             nbytes,
         )
 
+    def copy_batch(self, stream, src, dst, ranges):
+        """Queues `ranges`, (src_offset, dst_offset, nbytes) triples, from `src` to `dst` on
+        `stream` as one batch (one cudaMemcpyBatchAsync on CUDA): the copies run in no set
+        order, so no byte may be written twice, or written by one and read by another."""
+        ranges = list(ranges)
+        cls = self.structs["CuferryCopyRange"]
+        table = (cls * len(ranges))()
+        for k, r in enumerate(ranges):
+            if len(r) != 3:
+                raise ValueError(f"copy_batch: range {k} is {r!r}, not (src_offset, dst_offset, nbytes)")
+            for value, what in zip(r, ("src_offset", "dst_offset", "nbytes")):
+                _uint(value, _SIZE_BITS, f"copy_batch: range {k}'s {what}")
+            table[k] = cls(*r)
+        self.call(
+            "cuferry_copy_batch",
+            _handle(stream, Stream, "stream"),
+            _handle(src, Buffer, "src"),
+            _handle(dst, Buffer, "dst"),
+            table,
+            len(ranges),
+        )
+
     def ring(self, device, depth, slot_bytes, fill_threads=4):
         """A slot ring of `depth` slots of `slot_bytes` uploading to `device`; `fill_threads`
         (at least 1) threads fill slots from pageable memory in `Ring.produce`."""

@@ -163,6 +163,9 @@ impl<'a> CopyBatch<'a> {
             check_range(&which("destination"), r.dst_offset, r.len, dst.len(), size)?;
         }
         let (s, d) = (src.raw_parts(), dst.raw_parts());
+        self.copies.try_reserve(ranges.len()).map_err(|e| {
+            Error::out_of_memory(format!("no memory to list {} more copies: {e}", ranges.len()))
+        })?;
         let pair = self.pairs.len();
         for r in ranges.iter().filter(|r| r.len > 0) {
             debug_assert!(

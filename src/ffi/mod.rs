@@ -40,7 +40,7 @@ use std::cell::RefCell;
 use std::ffi::{c_char, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use crate::copy::copy_range_tracked;
+use crate::copy::{copy_range_tracked, CopyBatch, CopyRange};
 use crate::device::{Device, HostWait};
 use crate::error::{Error, Result};
 use crate::memory::{DeviceBuffer, PinnedBuffer};
@@ -569,5 +569,68 @@ pub unsafe extern "C" fn cuferry_copy(
             },
         }
         .map(drop)
+    })
+}
+
+/// One copy of a [`cuferry_copy_batch`]: `bytes` bytes from `src_offset` in the source to
+/// `dst_offset` in the destination.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CuferryCopyRange {
+    /// First byte read from the source.
+    pub src_offset: usize,
+    /// First byte written in the destination.
+    pub dst_offset: usize,
+    /// Bytes to copy (0: the range is skipped).
+    pub bytes: usize,
+}
+
+/// Queues `count` copies from `src` to `dst` on `stream` as one batch (on CUDA one
+/// `cudaMemcpyBatchAsync`, cheaper than `count` calls of [`cuferry_copy`]): a paged cache's
+/// blocks, a gather of items. The copies run in no set order among themselves, so no byte may
+/// be written by two of them, or written by one and read by another (`src` and `dst` may be
+/// one buffer under that rule); such a batch, or a range outside either buffer, is
+/// `CUFERRY_STATUS_INVALID_ARGUMENT` and nothing is queued. The batch is ordered after both
+/// buffers' earlier uses, as a copy is. `ranges` may be NULL when `count` is 0.
+///
+/// # Safety
+///
+/// Every handle is NULL or live; `ranges` holds `count` readable elements (or is NULL); C
+/// code does not touch `dst`'s memory until the batch finished.
+#[no_mangle]
+pub unsafe extern "C" fn cuferry_copy_batch(
+    stream: *const CuferryStream,
+    src: *const CuferryBuffer,
+    dst: *mut CuferryBuffer,
+    ranges: *const CuferryCopyRange,
+    count: usize,
+) -> CuferryStatus {
+    guard(|| {
+        // SAFETY: the caller's contract on the handles and `ranges`. The buffers are borrowed
+        // shared, as for `cuferry_copy`.
+        let (stream, src, dst, ranges) = unsafe {
+            (
+                handle(stream, "stream")?,
+                handle(src, "source")?,
+                handle(dst, "destination")?,
+                slice_of(ranges, count, "ranges")?,
+            )
+        };
+        let mut listed: Vec<CopyRange> = Vec::new();
+        listed
+            .try_reserve_exact(ranges.len())
+            .map_err(|e| Error::out_of_memory(format!("no memory for {count} ranges: {e}")))?;
+        listed.extend(ranges.iter().map(|r| CopyRange::new(r.src_offset, r.dst_offset, r.bytes)));
+        let mut batch = CopyBatch::new(&stream.stream);
+        // SAFETY (each arm): as for `cuferry_copy`, C writes a buffer only through cuferry
+        // calls, which its tracker orders, or through its pointer after
+        // `cuferry_buffer_synchronize`.
+        match (&src.memory, &dst.memory) {
+            (BufferMemory::Pinned(a), BufferMemory::Pinned(b)) => unsafe { batch.add_tracked(a, b, &listed) },
+            (BufferMemory::Pinned(a), BufferMemory::Device(b)) => unsafe { batch.add_tracked(a, b, &listed) },
+            (BufferMemory::Device(a), BufferMemory::Pinned(b)) => unsafe { batch.add_tracked(a, b, &listed) },
+            (BufferMemory::Device(a), BufferMemory::Device(b)) => unsafe { batch.add_tracked(a, b, &listed) },
+        }?;
+        batch.submit()
     })
 }

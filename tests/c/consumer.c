@@ -69,6 +69,35 @@ int main(int argc, char **argv) {
   OK(cuferry_copy(stream, back, 0, back, 20, 10));
   OK(cuferry_buffer_synchronize(back));
   CHECK(b[20] == s[100] && b[29] == s[109]);
+
+  /* A batch: eight 4 KiB pieces of src, scattered in reverse order into dev1 in one call,
+   * then read back. A batch writing a byte twice is refused and writes nothing. */
+  {
+    CuferryCopyRange ranges[8];
+    for (size_t k = 0; k < 8; k++) {
+      ranges[k].src_offset = 4096 * k + 3;
+      ranges[k].dst_offset = 4096 * (7 - k);
+      ranges[k].bytes = 4096;
+    }
+    OK(cuferry_copy_batch(stream, src, dev1, ranges, 8));
+    OK(cuferry_copy(stream, dev1, 0, back, 0, 8 * 4096));
+    OK(cuferry_buffer_synchronize(back));
+    size_t wrong = 0;
+    for (size_t k = 0; k < 8; k++)
+      for (size_t i = 0; i < 4096; i++) wrong += b[4096 * (7 - k) + i] != s[4096 * k + 3 + i];
+    CHECK(wrong == 0);
+    ranges[1].dst_offset = ranges[0].dst_offset + 1;
+    ranges[1].src_offset = 0;
+    CHECK(cuferry_copy_batch(stream, src, dev1, ranges, 8) == CUFERRY_STATUS_INVALID_ARGUMENT);
+    CHECK(cuferry_copy_batch(stream, src, dev1, NULL, 1) == CUFERRY_STATUS_INVALID_ARGUMENT);
+    OK(cuferry_copy_batch(stream, src, dev1, NULL, 0));
+    OK(cuferry_copy(stream, dev1, 0, back, 0, 8 * 4096));
+    OK(cuferry_buffer_synchronize(back));
+    wrong = 0;
+    for (size_t k = 0; k < 8; k++)
+      for (size_t i = 0; i < 4096; i++) wrong += b[4096 * (7 - k) + i] != s[4096 * k + 3 + i];
+    CHECK(wrong == 0);
+  }
   CHECK(cuferry_copy(NULL, src, 0, back, 0, 1) == CUFERRY_STATUS_INVALID_ARGUMENT);
   CHECK(cuferry_copy(stream, NULL, 0, back, 0, 1) == CUFERRY_STATUS_INVALID_ARGUMENT);
   CHECK(cuferry_stream_create(device, NULL) == CUFERRY_STATUS_INVALID_ARGUMENT);

@@ -53,6 +53,22 @@ with lib.stream(device) as stream, lib.pinned(device, n) as src, lib.device_buff
             raise AssertionError("device memory read from the host")
         except ValueError:
             pass
+    # A batch: sixteen 4 KiB pieces scattered in reverse order in one call, then read back.
+    pieces = [(4096 * k + 1, 4096 * (15 - k), 4096) for k in range(16)]
+    lib.copy_batch(stream, src, dev, pieces)
+    lib.copy(stream, dev, back, 16 * 4096)
+    got = back.read(16 * 4096)
+    for k in range(16):
+        piece = got[4096 * (15 - k):4096 * (16 - k)]
+        assert piece == payload[4096 * k + 1:4096 * (k + 1) + 1], f"batch piece {k} differs"
+    lib.copy_batch(stream, src, dev, [])
+    for bad, kind in (([(0, 0, 8), (100, 4, 8)], cuferry.CuferryError), ([(0, 0)], ValueError),
+                      ([(0, -1, 8)], ValueError)):
+        try:
+            lib.copy_batch(stream, src, dev, bad)
+            raise AssertionError(f"the batch {bad} was accepted")
+        except kind as e:
+            assert kind is ValueError or e.name == "CUFERRY_STATUS_INVALID_ARGUMENT", e
 # Memory that fits nowhere raises OutOfMemory, its own status (host memory on the host
 # backend; cudaHostAlloc's cudaErrorMemoryAllocation on CUDA).
 try:

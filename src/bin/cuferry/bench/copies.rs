@@ -10,8 +10,12 @@
 //! (read + write), the convention of the project's D2D ceiling. On CUDA the D2D and peer
 //! copies are timed each behind an L2 flush, queued so that the interval holds the copy alone:
 //! copied again and again, sizes up to about 16 MiB would otherwise run from the 50 MB L2.
+//! The batch rows move 1024 scattered pieces as one batch, by wall time from the call to
+//! completion, against one copy of the same bytes and a loop of single copies, in one run.
 
-use cuferry::{copy_range, Device, DeviceBuffer, PinnedBuffer, Result, Stream};
+use cuferry::{
+    copy_range, copy_ranges, CopyRange, Device, DeviceBuffer, Memory, PinnedBuffer, Result, Stream,
+};
 
 use super::measure::{gbps, median_device_secs_queued, median_secs, L2Flush};
 use super::output::Rows;
@@ -125,7 +129,68 @@ pub fn run(device: Device, quick: bool, rows: &mut Rows) -> Result<()> {
     for (row, ceiling) in section.iter_mut().zip(ceilings) {
         row.ceiling = ceiling;
     }
+    let pieces: &[usize] = if quick { &[64 * KIB] } else { &[4 * KIB, 64 * KIB] };
+    for &piece in pieces {
+        let ranges = scattered_pieces(piece);
+        let n = repeats(BATCH_PIECES * piece);
+        rows.push(batched(device, "batch H2D pinned", &stream, &pinned, &mut dev, &ranges, n)?);
+        rows.push(batched(device, "batch D2H pinned", &stream, &dev, &mut pinned, &ranges, n)?);
+        rows.push(batched(device, "batch D2D", &stream, &dev, &mut dev2, &ranges, n)?);
+    }
     Ok(())
+}
+
+/// Pieces in a batch row: a paged cache's blocks moved at once (the design notes measured a
+/// batch of 1024 x 64 KiB at twice the rate of a loop of `cudaMemcpyAsync`).
+const BATCH_PIECES: usize = 1024;
+
+/// [`BATCH_PIECES`] ranges of `piece` bytes: source piece k goes to destination piece
+/// 7919 k mod 1024 (a scatter, as a page table makes; 7919 is prime, so no two collide).
+fn scattered_pieces(piece: usize) -> Vec<CopyRange> {
+    (0..BATCH_PIECES).map(|k| CopyRange::new(k * piece, (k * 7919 % BATCH_PIECES) * piece, piece)).collect()
+}
+
+/// One batch row: the wall time from the call to the completion of `ranges` as one batch
+/// (`copy_ranges`, one `cudaMemcpyBatchAsync` on CUDA), against one copy of the same bytes
+/// (the ceiling) and the loop of `copy_range` calls a user would otherwise write (the
+/// baseline), all in this run. Wall time, because what a batch saves is the host's cost per
+/// call.
+fn batched<S: Memory<u8>, D: Memory<u8>>(
+    device: Device,
+    case: &'static str,
+    stream: &Stream,
+    src: &S,
+    dst: &mut D,
+    ranges: &[CopyRange],
+    n: usize,
+) -> Result<Row> {
+    let total: usize = ranges.iter().map(|r| r.len).sum();
+    let batch = median_secs(n, || {
+        copy_ranges(stream, src, &mut *dst, ranges)?;
+        stream.synchronize()
+    })?;
+    let one_copy = median_secs(n, || {
+        copy_range(stream, src, 0, &mut *dst, 0, total)?;
+        stream.synchronize()
+    })?;
+    let loop_of_copies = median_secs(n, || {
+        for r in ranges {
+            copy_range(stream, src, r.src_offset, &mut *dst, r.dst_offset, r.len)?;
+        }
+        stream.synchronize()
+    })?;
+    let on = if device.is_host() { "one host job" } else { "one cudaMemcpyBatchAsync" };
+    Ok(Row {
+        section: "copy",
+        case: case.into(),
+        bytes: ranges.first().map_or(0, |r| r.len),
+        params: format!("{} pieces scattered, {on}; wall time, call to completion", ranges.len()),
+        value: gbps(total, batch),
+        unit: "GB/s",
+        ceiling: Some(("one copy of the same bytes".into(), gbps(total, one_copy))),
+        baseline: Some(("a loop of copy_range".into(), gbps(total, loop_of_copies))),
+        same_threads: None,
+    })
 }
 
 /// One copy row, without its ceiling (filled in once the largest pinned copy is measured).
