@@ -6,9 +6,13 @@
 //! (the memcpy ceiling). CUDA, when a device is present: pinned H2D and D2H through `copy` and
 //! D2D within the device, each timed including its completion wait. Throughput is reported by
 //! criterion in bytes per second; compare the `cuferry` and `memcpy` lines of one run.
+//!
+//! Batches (`host_copy_batch`): 1024 scattered pieces of 4 KiB and 64 KiB as one `copy_ranges`
+//! batch (one host job), as a loop of `copy_range` (a job or an inline copy each), and as a
+//! loop of plain `copy_from_slice` over the same pieces (the ceiling).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use cuferry::{copy, Device, DeviceBuffer, PinnedBuffer, Stream};
+use cuferry::{copy, copy_range, copy_ranges, CopyRange, Device, DeviceBuffer, PinnedBuffer, Stream};
 
 const SIZES: &[usize] = &[64 << 10, 4 << 20, 64 << 20];
 
@@ -39,6 +43,50 @@ fn host_copies(c: &mut Criterion) {
         group.bench_with_input(BenchmarkId::new("memcpy", label(bytes)), &bytes, |b, _| {
             b.iter(|| {
                 z.copy_from_slice(std::hint::black_box(&a));
+                std::hint::black_box(&mut z);
+            })
+        });
+    }
+    group.finish();
+}
+
+/// Pieces per batch.
+const PIECES: usize = 1024;
+
+fn host_copy_batches(c: &mut Criterion) {
+    let mut group = c.benchmark_group("host_copy_batch");
+    group.sample_size(20);
+    let stream = Stream::new(Device::Host).expect("host stream");
+    for piece in [4 << 10, 64 << 10] {
+        let bytes = PIECES * piece;
+        group.throughput(Throughput::Bytes(bytes as u64));
+        // Piece k goes to slot 7919 k mod 1024 (7919 is prime: a permutation).
+        let ranges: Vec<CopyRange> =
+            (0..PIECES).map(|k| CopyRange::new(k * piece, (k * 7919 % PIECES) * piece, piece)).collect();
+        let src = DeviceBuffer::from_slice(&stream, &vec![7u8; bytes]).expect("src");
+        let mut dst = DeviceBuffer::<u8>::zeroed(&stream, bytes).expect("dst");
+        group.bench_function(BenchmarkId::new("batch", label(piece)), |b| {
+            b.iter(|| {
+                copy_ranges(&stream, &src, &mut dst, &ranges).expect("batch");
+                dst.synchronize().expect("sync");
+            })
+        });
+        group.bench_function(BenchmarkId::new("copy_range_loop", label(piece)), |b| {
+            b.iter(|| {
+                for r in &ranges {
+                    copy_range(&stream, &src, r.src_offset, &mut dst, r.dst_offset, r.len).expect("copy");
+                }
+                dst.synchronize().expect("sync");
+            })
+        });
+        let a = vec![7u8; bytes];
+        let mut z = vec![0u8; bytes];
+        group.bench_function(BenchmarkId::new("memcpy_loop", label(piece)), |b| {
+            b.iter(|| {
+                for r in &ranges {
+                    z[r.dst_offset..r.dst_offset + r.len]
+                        .copy_from_slice(std::hint::black_box(&a[r.src_offset..r.src_offset + r.len]));
+                }
                 std::hint::black_box(&mut z);
             })
         });
@@ -82,5 +130,5 @@ fn cuda_copies(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, host_copies, cuda_copies);
+criterion_group!(benches, host_copies, host_copy_batches, cuda_copies);
 criterion_main!(benches);

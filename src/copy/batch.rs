@@ -157,10 +157,17 @@ impl<'a> CopyBatch<'a> {
     {
         let direction = direction(self.stream.device(), src.kind(), dst.kind())?;
         let size = std::mem::size_of::<T>();
+        // The message is written only for a range that does not fit (a batch may hold
+        // thousands of ranges, and formatting a name for each cost more than their copies).
+        let fits =
+            |offset: usize, len: usize, total: usize| offset.checked_add(len).is_some_and(|end| end <= total);
         for (k, r) in ranges.iter().enumerate() {
-            let which = |side: &str| format!("copy {k}'s {side}");
-            check_range(&which("source"), r.src_offset, r.len, src.len(), size)?;
-            check_range(&which("destination"), r.dst_offset, r.len, dst.len(), size)?;
+            if !fits(r.src_offset, r.len, src.len()) {
+                check_range(&format!("copy {k}'s source"), r.src_offset, r.len, src.len(), size)?;
+            }
+            if !fits(r.dst_offset, r.len, dst.len()) {
+                check_range(&format!("copy {k}'s destination"), r.dst_offset, r.len, dst.len(), size)?;
+            }
         }
         let (s, d) = (src.raw_parts(), dst.raw_parts());
         self.copies.try_reserve(ranges.len()).map_err(|e| {
