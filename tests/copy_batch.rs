@@ -187,11 +187,81 @@ fn ordered_with_other_streams_and_drops(device: Device) {
     assert_eq!(dst.to_vec(&later).unwrap(), expected, "the later write ran before the batch");
 }
 
+/// Every pair's buffers are ordered, not only the first pair's: with a three-pair batch held
+/// behind a gate, the host's read of the last pair's destination waits for the batch, and the
+/// sources dropped meanwhile stay alive for it.
+fn every_pair_is_ordered(device: Device) {
+    let stream = Stream::new(device).unwrap();
+    let a = DeviceBuffer::from_slice(&stream, &[1u32; 64]).unwrap();
+    let b = PinnedBuffer::from_slice(device, &[2u32; 64]).unwrap();
+    let mut d0 = DeviceBuffer::<u32>::zeroed(&stream, 64).unwrap();
+    let mut d1 = DeviceBuffer::<u32>::zeroed(&stream, 64).unwrap();
+    let mut d2 = PinnedBuffer::<u32>::zeroed(device, 64).unwrap();
+    let gate = Gate::hold(&stream);
+    let mut batch = CopyBatch::new(&stream);
+    batch.add(&a, &mut d0, &[CopyRange::new(0, 0, 64)]).unwrap();
+    batch.add(&a, &mut d1, &[CopyRange::new(0, 0, 64)]).unwrap();
+    batch.add(&b, &mut d2, &[CopyRange::new(0, 32, 32), CopyRange::new(32, 0, 32)]).unwrap();
+    batch.submit().unwrap();
+    let opener = gate.open_after(std::time::Duration::from_millis(50));
+    drop(b);
+    let got = d2.as_slice().unwrap().to_vec();
+    opener.join().unwrap();
+    assert_eq!(got, vec![2u32; 64], "the last pair's destination was read before the batch ran");
+    assert_eq!(d1.to_vec(&stream).unwrap(), vec![1u32; 64]);
+}
+
 on_both_backends! {
     random_batches => random_batches;
     single_pair_and_edges => single_pair_and_edges;
     refused_batches => refused_batches;
     ordered_with_other_streams_and_drops => ordered_with_other_streams_and_drops;
+    every_pair_is_ordered => every_pair_is_ordered;
+}
+
+/// A source shared by several pairs is only read by the batch: the batch runs while another
+/// stream's read of it is held, and a later read of it on that stream does not wait for the
+/// batch (a buffer listed twice would be taken as written, ordered against every read).
+#[test]
+fn a_shared_source_is_only_read() {
+    // Polls for 5 s, well inside the 10 s after which a gate opens by itself.
+    let finishes = |stream: &Stream| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !stream.query().unwrap() {
+            if std::time::Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        true
+    };
+    let (other, batcher) = (Stream::new(Device::Host).unwrap(), Stream::new(Device::Host).unwrap());
+    let pool = DeviceBuffer::from_slice(&other, &(0..1024u32).collect::<Vec<_>>()).unwrap();
+    let mut x = DeviceBuffer::<u32>::zeroed(&other, 1024).unwrap();
+    let mut d0 = DeviceBuffer::<u32>::zeroed(&batcher, 512).unwrap();
+    let mut d1 = DeviceBuffer::<u32>::zeroed(&batcher, 512).unwrap();
+    let two_pairs = |d0: &mut DeviceBuffer<u32>, d1: &mut DeviceBuffer<u32>| {
+        let mut batch = CopyBatch::new(&batcher);
+        batch.add(&pool, d0, &[CopyRange::new(0, 0, 512)]).unwrap();
+        batch.add(&pool, d1, &[CopyRange::new(512, 0, 512)]).unwrap();
+        batch.submit().unwrap();
+    };
+    let gate = Gate::hold(&other);
+    copy_range(&other, &pool, 0, &mut x, 0, 1024).unwrap(); // a read of the pool, held
+    two_pairs(&mut d0, &mut d1);
+    assert!(
+        common::wait_until(|| batcher.query().unwrap()),
+        "the batch waited for another read of its source"
+    );
+    gate.open();
+    other.synchronize().unwrap();
+    let gate = Gate::hold(&batcher);
+    two_pairs(&mut d0, &mut d1);
+    copy_range(&other, &pool, 0, &mut x, 0, 1024).unwrap();
+    assert!(finishes(&other), "a later read waited for the batch");
+    gate.open();
+    batcher.synchronize().unwrap();
+    assert_eq!(d1.to_vec(&batcher).unwrap(), (512..1024).collect::<Vec<u32>>());
 }
 
 /// A host stream cannot batch copies of CUDA memory: refused at `add`.

@@ -217,11 +217,18 @@ impl<'a> CopyBatch<'a> {
             return Ok(());
         }
         check_independent(&self.copies)?;
-        let uses: Vec<(&UseTracker, Access)> = self
+        let mut uses: Vec<(&UseTracker, Access)> = self
             .pairs
             .iter()
             .flat_map(|p| [(p.src.tracker, Access::Read), (p.dst.tracker, Access::Write)])
             .collect();
+        // Each buffer once, as a write if any pair writes it: `use_on` takes a buffer listed
+        // twice as written, and a source shared by several pairs is only read (it must not
+        // wait for, or hold up, other streams' reads of it).
+        uses.sort_unstable_by_key(|&(t, a)| {
+            (std::ptr::from_ref::<UseTracker>(t) as usize, a == Access::Read)
+        });
+        uses.dedup_by(|later, kept| std::ptr::eq(later.0, kept.0));
         UseTracker::use_on(self.stream, &uses, || self.enqueue())
     }
 
