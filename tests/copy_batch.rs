@@ -8,6 +8,7 @@
 mod common;
 
 use common::{Gate, Rng};
+use cuferry::copy::copy_ranges_one_by_one;
 use cuferry::{
     copy_range, copy_ranges, CopyBatch, CopyDirection, CopyRange, Device, DeviceBuffer, Error,
     HostRegistration, PinnedBuffer, Stream,
@@ -311,8 +312,12 @@ proptest! {
         let dst_data = random_words(&mut rng, n_dst);
         let src = DeviceBuffer::from_slice(&stream, &src_data).unwrap();
         let mut dst = DeviceBuffer::from_slice(&stream, &dst_data).unwrap();
+        let mut dst_loop = DeviceBuffer::from_slice(&stream, &dst_data).unwrap();
         let ranges = random_ranges(&mut rng, n_src, n_dst, 64);
         copy_ranges(&stream, &src, &mut dst, &ranges).unwrap();
-        prop_assert_eq!(dst.to_vec(&stream).unwrap(), reference(&src_data, &dst_data, &ranges));
+        copy_ranges_one_by_one(&stream, &src, &mut dst_loop, &ranges).unwrap();
+        let expected = reference(&src_data, &dst_data, &ranges);
+        prop_assert_eq!(dst.to_vec(&stream).unwrap(), expected.clone());
+        prop_assert_eq!(dst_loop.to_vec(&stream).unwrap(), expected);
     }
 }

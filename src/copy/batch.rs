@@ -213,6 +213,11 @@ impl<'a> CopyBatch<'a> {
     /// calls (the batch's use of its buffers is recorded all the same, so none is freed under
     /// a copy that was queued).
     pub fn submit(self) -> Result<()> {
+        self.submit_as(Queueing::Batched)
+    }
+
+    /// Queues the batch with its copies as `how` says, under the same checks and one use.
+    fn submit_as(self, how: Queueing) -> Result<()> {
         if self.copies.is_empty() {
             return Ok(());
         }
@@ -229,7 +234,26 @@ impl<'a> CopyBatch<'a> {
             (std::ptr::from_ref::<UseTracker>(t) as usize, a == Access::Read)
         });
         uses.dedup_by(|later, kept| std::ptr::eq(later.0, kept.0));
-        UseTracker::use_on(self.stream, &uses, || self.enqueue())
+        UseTracker::use_on(self.stream, &uses, || match how {
+            Queueing::Batched => self.enqueue(),
+            Queueing::OneByOne => self.enqueue_one_by_one(),
+        })
+    }
+
+    /// Queues each copy on its own, as [`copy_range`](super::copy_range) would (one
+    /// `cudaMemcpyAsync` or host job each), inside the caller's one use.
+    fn enqueue_one_by_one(&self) -> Result<()> {
+        for c in &self.copies {
+            let pair = &self.pairs[c.pair];
+            super::enqueue(
+                self.stream,
+                pair.direction,
+                (pair.src_kind, c.src),
+                (pair.dst_kind, c.dst),
+                c.bytes,
+            )?;
+        }
+        Ok(())
     }
 
     /// Queues the copies on the stream's backend (the uses are being recorded by the caller).
@@ -294,6 +318,15 @@ impl<'a> CopyBatch<'a> {
     }
 }
 
+/// How a submitted batch queues its copies.
+#[derive(Clone, Copy)]
+enum Queueing {
+    /// One `cudaMemcpyBatchAsync` (peer copies aside); one job on the host backend.
+    Batched,
+    /// One `cudaMemcpyAsync` (or host job) per copy: the loop a batch replaces.
+    OneByOne,
+}
+
 /// Checks that no byte a copy writes is written or read by another copy of the batch (nor
 /// read by the same copy: a copy's ranges must be disjoint, as for `copy_range`).
 fn check_independent(copies: &[ByteCopy]) -> Result<()> {
@@ -349,6 +382,30 @@ where
     batch.add(src, dst, ranges)?;
     batch.submit()?;
     Ok(direction)
+}
+
+/// [`copy_ranges`] with one `cudaMemcpyAsync` per range (one host job each on the host
+/// backend) instead of one batched call: the loop a batch replaces, with the same checks and
+/// cuferry's ordering paid once for all the ranges, as the batch pays it. It is the baseline
+/// that `cuferry bench` measures the batch against; use [`copy_ranges`] otherwise.
+///
+/// # Errors
+///
+/// As [`copy_ranges`].
+pub fn copy_ranges_one_by_one<T, S, D>(
+    stream: &Stream,
+    src: &S,
+    dst: &mut D,
+    ranges: &[CopyRange],
+) -> Result<()>
+where
+    T: Element,
+    S: Memory<T> + ?Sized,
+    D: Memory<T> + ?Sized,
+{
+    let mut batch = CopyBatch::new(stream);
+    batch.add(src, dst, ranges)?;
+    batch.submit_as(Queueing::OneByOne)
 }
 
 #[cfg(test)]

@@ -33,7 +33,7 @@
 
 pub mod batch;
 
-pub use batch::{copy_ranges, CopyBatch, CopyRange};
+pub use batch::{copy_ranges, copy_ranges_one_by_one, CopyBatch, CopyRange};
 
 use crate::cuda::memory::{self as raw, CopyKind};
 use crate::device::Device;

@@ -14,7 +14,8 @@
 //! completion, against one copy of the same bytes and a loop of single copies, in one run.
 
 use cuferry::{
-    copy_range, copy_ranges, CopyRange, Device, DeviceBuffer, Memory, PinnedBuffer, Result, Stream,
+    copy::copy_ranges_one_by_one, copy_range, copy_ranges, CopyRange, Device, DeviceBuffer, Memory,
+    PinnedBuffer, Result, Stream,
 };
 
 use super::measure::{gbps, median_device_secs_queued, median_secs, L2Flush};
@@ -153,7 +154,9 @@ fn scattered_pieces(piece: usize) -> Vec<CopyRange> {
 /// One batch row: the wall time from the call to the completion of `ranges` as one batch
 /// (`copy_ranges`, one `cudaMemcpyBatchAsync` on CUDA), against one copy of the same bytes
 /// (the ceiling) and the loop of `copy_range` calls a user would otherwise write (the
-/// baseline), all in this run. Wall time, because what a batch saves is the host's cost per
+/// baseline), all in this run; the params add the same ranges as one `cudaMemcpyAsync` each
+/// under one ordering record (`copy_ranges_one_by_one`: the API's own gain, without
+/// cuferry's bookkeeping per call). Wall time, because what a batch saves is the host's cost per
 /// call.
 fn batched<S: Memory<u8>, D: Memory<u8>>(
     device: Device,
@@ -179,6 +182,10 @@ fn batched<S: Memory<u8>, D: Memory<u8>>(
         }
         stream.synchronize()
     })?;
+    let one_by_one = median_secs(n, || {
+        copy_ranges_one_by_one(stream, src, &mut *dst, ranges)?;
+        stream.synchronize()
+    })?;
     // Not behind an L2 flush: the three timings share the cache state (4 MiB of 4 KiB pieces
     // fit an H100's L2), so they compare with each other, not with the flushed D2D rows.
     let on = if device.is_host() { "one host job" } else { "one cudaMemcpyBatchAsync, L2 not flushed" };
@@ -186,7 +193,13 @@ fn batched<S: Memory<u8>, D: Memory<u8>>(
         section: "copy",
         case: case.into(),
         bytes: ranges.first().map_or(0, |r| r.len),
-        params: format!("{} pieces scattered, {on}; wall time, call to completion", ranges.len()),
+        params: format!(
+            "{} pieces scattered, {on}; wall time, call to completion; one call per range \
+             (copy_ranges_one_by_one): {:.1} GB/s, the batch {:.2}x that",
+            ranges.len(),
+            gbps(total, one_by_one),
+            one_by_one / batch,
+        ),
         value: gbps(total, batch),
         unit: "GB/s",
         ceiling: Some(("one copy of the same bytes".into(), gbps(total, one_copy))),
