@@ -1,7 +1,7 @@
 //! Batched copies (`CopyBatch`, `copy_ranges`): random batches over several sources and
 //! destinations of every memory kind against a scalar loop, refused batches that leave their
-//! buffers untouched, ordering with work on other streams, and buffers dropped while a batch
-//! that uses them waits behind held work.
+//! buffers untouched, ordering with work on other streams (buffers dropped while the batch
+//! waits behind held work), and pages of a managed cache gathered and scattered.
 //! Each check runs on the host backend and, when a GPU is present, on CUDA (where the batch
 //! is one `cudaMemcpyBatchAsync`).
 
@@ -9,6 +9,7 @@ mod common;
 
 use common::{Gate, Rng};
 use cuferry::copy::copy_ranges_one_by_one;
+use cuferry::managed::{ManagedPool, ManagedPoolOptions};
 use cuferry::{
     copy_range, copy_ranges, CopyBatch, CopyDirection, CopyRange, Device, DeviceBuffer, Error,
     HostRegistration, PinnedBuffer, Stream,
@@ -212,7 +213,54 @@ fn every_pair_is_ordered(device: Device) {
     assert_eq!(d1.to_vec(&stream).unwrap(), vec![1u32; 64]);
 }
 
+/// A paged cache in managed memory: pages gathered through a page table into device memory
+/// in one batch, changed there, and scattered back to other pages in a second, against a
+/// scalar model of the cache.
+fn managed_cache_pages(device: Device) {
+    const PAGE: usize = 1024;
+    const PAGES: usize = 64;
+    let stream = Stream::new(device).unwrap();
+    let pool = ManagedPool::new(device, ManagedPoolOptions::default()).unwrap();
+    let mut cache = pool.alloc::<u32>(PAGES * PAGE, &stream).unwrap();
+    let mut model: Vec<u32> = (0..(PAGES * PAGE) as u32).map(|i| i.wrapping_mul(2_654_435_761)).collect();
+    cache.as_mut_slice().unwrap().copy_from_slice(&model);
+    let mut rng = Rng::new(41);
+    let mut order: Vec<usize> = (0..PAGES).collect();
+    for k in (1..PAGES).rev() {
+        order.swap(k, rng.below(k + 1));
+    }
+    let (taken, returned) = (&order[..16], &order[16..32]);
+    let mut working = DeviceBuffer::<u32>::zeroed(&stream, 16 * PAGE).unwrap();
+    let gather: Vec<CopyRange> = taken
+        .iter()
+        .enumerate()
+        .map(|(slot, &page)| CopyRange::new(page * PAGE, slot * PAGE, PAGE))
+        .collect();
+    copy_ranges(&stream, &cache, &mut working, &gather).unwrap();
+    let mut pages = working.to_vec(&stream).unwrap();
+    for (slot, &page) in taken.iter().enumerate() {
+        assert_eq!(
+            &pages[slot * PAGE..(slot + 1) * PAGE],
+            &model[page * PAGE..(page + 1) * PAGE],
+            "page {page}"
+        );
+    }
+    pages.iter_mut().for_each(|v| *v = !*v);
+    let changed = DeviceBuffer::from_slice(&stream, &pages).unwrap();
+    let scatter: Vec<CopyRange> = returned
+        .iter()
+        .enumerate()
+        .map(|(slot, &page)| CopyRange::new(slot * PAGE, page * PAGE, PAGE))
+        .collect();
+    copy_ranges(&stream, &changed, &mut cache, &scatter).unwrap();
+    for r in &scatter {
+        model[r.dst_offset..r.dst_offset + PAGE].copy_from_slice(&pages[r.src_offset..r.src_offset + PAGE]);
+    }
+    assert!(cache.as_slice().unwrap() == &model[..], "the managed cache differs from its model");
+}
+
 on_both_backends! {
+    managed_cache_pages => managed_cache_pages;
     random_batches => random_batches;
     single_pair_and_edges => single_pair_and_edges;
     refused_batches => refused_batches;
