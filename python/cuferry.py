@@ -54,6 +54,7 @@ import ctypes
 import math
 import os
 import re
+import sys
 import threading
 import warnings
 import weakref
@@ -154,6 +155,46 @@ def _uint(value, bits, what):
     if not 0 <= value < 2**bits:
         raise ValueError(f"{what} is {value}, but the C parameter is unsigned, below 2**{bits}")
     return value
+
+
+# The buffer formats of a native size_t, for `copy_batch`'s tables: "N" is size_t itself; the
+# fixed-size codes of its width (numpy's uint64 on a 64-bit platform is "Q" or "L", with a byte
+# order prefix that must be the native one).
+_SIZE_T_CODES = {"N"} | {
+    code
+    for code, ctype in (("I", ctypes.c_uint), ("L", ctypes.c_ulong), ("Q", ctypes.c_ulonglong))
+    if ctypes.sizeof(ctype) == ctypes.sizeof(ctypes.c_size_t)
+}
+_NATIVE_ORDER = ("", "@", "=", "<" if sys.byteorder == "little" else ">")
+
+
+def _range_table(cls, ranges):
+    """The C table of `copy_batch`'s ranges and its length: copied at C speed from a buffer of
+    native size_t triples, or built from a sequence of triples with every value checked."""
+    try:
+        view = memoryview(ranges)
+    except TypeError:
+        view = None
+    if view is not None:
+        code = view.format.lstrip("@=<>!")
+        order = view.format[: len(view.format) - len(code)]
+        if code not in _SIZE_T_CODES or order not in _NATIVE_ORDER or view.itemsize != ctypes.sizeof(ctypes.c_size_t):
+            raise ValueError(f"copy_batch: a buffer of ranges must hold native size_t values, not format {view.format!r}")
+        if not view.c_contiguous:
+            raise ValueError("copy_batch: a buffer of ranges must be C-contiguous")
+        if view.nbytes % ctypes.sizeof(cls):
+            raise ValueError(f"copy_batch: {view.nbytes // view.itemsize} values are not whole (src_offset, dst_offset, nbytes) triples")
+        count = view.nbytes // ctypes.sizeof(cls)
+        return (cls * count).from_buffer_copy(view.cast("B")), count
+    ranges = list(ranges)
+    table = (cls * len(ranges))()
+    for k, r in enumerate(ranges):
+        if len(r) != 3:
+            raise ValueError(f"copy_batch: range {k} is {r!r}, not (src_offset, dst_offset, nbytes)")
+        for value, what in zip(r, ("src_offset", "dst_offset", "nbytes")):
+            _uint(value, _SIZE_BITS, f"copy_batch: range {k}'s {what}")
+        table[k] = cls(*r)
+    return table, len(ranges)
 
 
 class _Header:
@@ -352,25 +393,20 @@ class Library:
         )
 
     def copy_batch(self, stream, src, dst, ranges):
-        """Queues `ranges`, (src_offset, dst_offset, nbytes) triples, from `src` to `dst` on
-        `stream` as one batch (one cudaMemcpyBatchAsync on CUDA): the copies run in no set
-        order, so no byte may be written twice, or written by one and read by another."""
-        ranges = list(ranges)
-        cls = self.structs["CuferryCopyRange"]
-        table = (cls * len(ranges))()
-        for k, r in enumerate(ranges):
-            if len(r) != 3:
-                raise ValueError(f"copy_batch: range {k} is {r!r}, not (src_offset, dst_offset, nbytes)")
-            for value, what in zip(r, ("src_offset", "dst_offset", "nbytes")):
-                _uint(value, _SIZE_BITS, f"copy_batch: range {k}'s {what}")
-            table[k] = cls(*r)
+        """Queues `ranges` from `src` to `dst` on `stream` as one batch (one
+        cudaMemcpyBatchAsync on CUDA): the copies run in no set order, so no byte may be
+        written twice, or written by one and read by another. `ranges` holds (src_offset,
+        dst_offset, nbytes) triples: a sequence of them, or, read without a Python loop, a
+        C-contiguous buffer of native size_t values, three per range (`array.array("Q")`, or a
+        numpy array of shape (n, 3) and dtype uint64, on a 64-bit platform)."""
+        table, count = _range_table(self.structs["CuferryCopyRange"], ranges)
         self.call(
             "cuferry_copy_batch",
             _handle(stream, Stream, "stream"),
             _handle(src, Buffer, "src"),
             _handle(dst, Buffer, "dst"),
             table,
-            len(ranges),
+            count,
         )
 
     def ring(self, device, depth, slot_bytes, fill_threads=4):

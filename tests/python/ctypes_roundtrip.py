@@ -5,6 +5,8 @@ Round-trips bytes pinned -> device -> pinned, checks that errors raise with the 
 message, and that the module's signatures (parsed from include/cuferry.h) cover every C
 function. Exits non-zero on failure.
 """
+import array
+import ctypes
 import os
 import sys
 
@@ -62,6 +64,19 @@ with lib.stream(device) as stream, lib.pinned(device, n) as src, lib.device_buff
         piece = got[4096 * (15 - k):4096 * (16 - k)]
         assert piece == payload[4096 * k + 1:4096 * (k + 1) + 1], f"batch piece {k} differs"
     lib.copy_batch(stream, src, dev, [])
+    # The same pieces from a buffer of native size_t triples (no Python loop over them), into
+    # the other half of the buffer; a buffer of another format, or of a partial triple, raises.
+    table = array.array("Q", (v for a, b, c in pieces for v in (a, b + n // 2, c)))
+    if table.itemsize == ctypes.sizeof(ctypes.c_size_t):
+        lib.copy_batch(stream, src, dev, table)
+        lib.copy(stream, dev, back, 16 * 4096, src_offset=n // 2)
+        assert back.read(16 * 4096) == got, "a batch from a buffer of ranges differs"
+        for bad in (array.array("b", [0, 0, 8]), table[:4], memoryview(table)[::2]):
+            try:
+                lib.copy_batch(stream, src, dev, bad)
+                raise AssertionError(f"the buffer of ranges {bad!r} was accepted")
+            except ValueError:
+                pass
     for bad, kind in (([(0, 0, 8), (100, 4, 8)], cuferry.CuferryError), ([(0, 0)], ValueError),
                       ([(0, -1, 8)], ValueError)):
         try:
