@@ -3,7 +3,8 @@
 //! of small copies. Asynchronous copies are timed with timing events on the stream, each run's
 //! start event queued behind device work so that the interval is the copy's alone; the
 //! pageable ones (synchronous by nature) by wall clock to completion. Ratios are to the largest
-//! pinned copy of the same direction in the same run. The latency of small copies (64 KiB and
+//! pinned copy of the same direction in the same run, timed first so that every row goes out
+//! with its ratio. The latency of small copies (64 KiB and
 //! less) is wall clock for every kind, from the call to the copy's completion seen by the host
 //! (for asynchronous copies: queue, then synchronize), so its rows compare with each other.
 //! GB/s count each byte once (the payload); a D2D copy moves twice that through device memory
@@ -20,7 +21,7 @@ use cuferry::{
 
 use super::measure::{gbps, median_device_secs_queued, median_secs, L2Flush};
 use super::output::Rows;
-use super::report::Row;
+use super::report::{size, Row};
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
@@ -61,11 +62,28 @@ pub fn run(device: Device, quick: bool, rows: &mut Rows) -> Result<()> {
     let mut dev2 = DeviceBuffer::<u8>::zeroed(&stream, largest)?;
     let mut far = DeviceBuffer::<u8>::zeroed(&peer_stream, largest)?;
     let mut flusher = L2Flush::new(&stream)?;
-    // The rows go out as they are measured, without ceilings; the ceilings (the largest
-    // pinned copies) are filled in at the end, for the section's table and the JSON, so that a
-    // failure part-way keeps the rows measured before it.
+    // The ceilings first: the largest pinned copy each way, timed as the rows below are, so
+    // that every row goes out with its ratio as it is measured (a run cut short keeps both).
+    let n_top = repeats(largest);
+    let (h2d_top, d2h_top) = {
+        let mut flush = || flusher.as_mut().map_or(Ok(()), |f| f.queue(&stream));
+        let h2d = median_device_secs_queued(&stream, n_top, &mut flush, || {
+            copy_range(&stream, &pinned, 0, &mut dev, 0, largest).map(drop)
+        })?;
+        let d2h = median_device_secs_queued(&stream, n_top, &mut flush, || {
+            copy_range(&stream, &dev, 0, &mut pinned, 0, largest).map(drop)
+        })?;
+        (h2d, d2h)
+    };
+    let ceilings = [("H2D", gbps(largest, h2d_top)), ("D2H", gbps(largest, d2h_top))];
+    let ceiling_of = |case: &str| {
+        let (dir, value) = ceilings.iter().find(|(dir, _)| case.starts_with(dir))?;
+        Some((format!("{dir} pinned {}", size(largest)), *value))
+    };
     let push = |rows: &mut Rows, case: &'static str, bytes: usize, secs: f64, wall: Option<f64>| {
-        rows.push(row(device, peer, case, bytes, secs, wall));
+        let mut measured = row(device, peer, case, bytes, secs, wall);
+        measured.ceiling = ceiling_of(case);
+        rows.push(measured);
     };
     for &bytes in &sizes {
         let n = repeats(bytes);
@@ -111,24 +129,6 @@ pub fn run(device: Device, quick: bool, rows: &mut Rows) -> Result<()> {
             let wall = small_wall(&stream, &mut op)?;
             push(rows, case, bytes, s, wall);
         }
-    }
-    let section = rows.section_mut();
-    let ceiling = |case: &str| -> Option<(String, f64)> {
-        let base = if case.starts_with("H2D") {
-            "H2D pinned"
-        } else if case.starts_with("D2H") {
-            "D2H pinned"
-        } else {
-            return None;
-        };
-        section
-            .iter()
-            .find(|r| r.case == base && r.bytes == largest)
-            .map(|r| (format!("{base} {} MiB", r.bytes >> 20), r.value))
-    };
-    let ceilings: Vec<_> = section.iter().map(|r| ceiling(&r.case)).collect();
-    for (row, ceiling) in section.iter_mut().zip(ceilings) {
-        row.ceiling = ceiling;
     }
     let pieces: &[usize] = if quick { &[64 * KIB] } else { &[4 * KIB, 64 * KIB] };
     for &piece in pieces {
@@ -208,7 +208,7 @@ fn batched<S: Memory<u8>, D: Memory<u8>>(
     })
 }
 
-/// One copy row, without its ceiling (filled in once the largest pinned copy is measured).
+/// One copy row, without its ceiling (the caller's, for H2D and D2H rows).
 fn row(device: Device, peer: Device, case: &'static str, bytes: usize, secs: f64, wall: Option<f64>) -> Row {
     let mut params = match case {
         "peer" if device.is_host() => format!("{device} -> {peer}"),

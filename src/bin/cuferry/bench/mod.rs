@@ -137,8 +137,8 @@ pub fn run(args: &BenchArgs) -> ExitCode {
             Section::Halo => halo::run(device, args.quick, &mut rows),
             Section::Linop => linop::run(device, args.quick, &mut rows),
         };
-        // Every row is already out (stdout and the JSON); the section's table, the JSON with
-        // any rows it amended, and the plot so far follow as soon as it ends, failed or not.
+        // Every row is already out (stdout and the JSON); the section's table and the plot so
+        // far follow as soon as it ends, failed or not.
         let section_rows = rows.end_section();
         if !section_rows.is_empty() {
             println!("{}", report::table(section_rows));

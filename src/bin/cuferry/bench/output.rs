@@ -6,9 +6,10 @@
 //! - [`Rows::push`] prints the row as one line (its table cells, `|`-separated; stdout is
 //!   flushed at every newline), then rewrites the JSON file whole: written beside it and renamed
 //!   over it, so the file is complete, valid JSON after every row whenever the process dies.
-//! - A section may amend its own rows after adding them (the copy section fills in ceilings
-//!   once its largest copy is measured: its lines show none); [`Rows::end_section`] rewrites
-//!   the JSON with the amendments, and the section's table printed then shows them.
+//! - A row is final when added: a section measures the ceilings its rows name before the
+//!   rows (the copy section times its largest pinned copies first), so each line carries its
+//!   ratios. [`Rows::end_section`] rewrites the JSON once more and returns the section's rows
+//!   for its table.
 //! - A JSON file that cannot be written is reported once; measuring goes on, and the run
 //!   fails at its end.
 //! - A progress bar made by [`Rows::progress`] is hidden while a line prints (both share the
@@ -72,13 +73,8 @@ impl Rows {
         self.section_start = self.rows.len();
     }
 
-    /// This section's rows so far, to amend.
-    pub fn section_mut(&mut self) -> &mut [Row] {
-        &mut self.rows[self.section_start..]
-    }
-
-    /// Ends a section: clears its progress bar, rewrites the JSON (with any amendments) and
-    /// returns the section's rows.
+    /// Ends a section: clears its progress bar, rewrites the JSON and returns the section's
+    /// rows.
     pub fn end_section(&mut self) -> &[Row] {
         if let Some(bar) = self.bar.take() {
             bar.finish_and_clear();
@@ -141,11 +137,7 @@ mod tests {
             assert_eq!(json["rows"].as_array().unwrap().len(), i + 1);
             assert!(json["rows"][i].get("same_threads").is_none(), "absent, not null");
         }
-        // An amendment reaches the file at the section's end.
-        rows.section_mut()[0].ceiling = Some(("host copy".into(), 4.0));
         assert_eq!(rows.end_section().len(), 3);
-        let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        assert_eq!(json["rows"][0]["ceiling"][1], 4.0);
         assert!(rows.json_error().is_none());
         std::fs::remove_dir_all(&dir).unwrap();
     }
