@@ -170,31 +170,36 @@ _NATIVE_ORDER = ("", "@", "=", "<" if sys.byteorder == "little" else ">")
 
 def _range_table(cls, ranges):
     """The C table of `copy_batch`'s ranges and its length: copied at C speed from a buffer of
-    native size_t triples, or built from a sequence of triples with every value checked."""
+    native size_t triples (flat, or of shape (n, 3)), or built from a sequence of triples with
+    every value checked."""
     try:
         view = memoryview(ranges)
-    except TypeError:
+    except (TypeError, ValueError):  # no buffer (a list), or one memoryview cannot describe
         view = None
-    if view is not None:
+    if view is None:
+        ranges = list(ranges)
+        table = (cls * len(ranges))()
+        for k, r in enumerate(ranges):
+            if len(r) != 3:
+                raise ValueError(f"copy_batch: range {k} is {r!r}, not (src_offset, dst_offset, nbytes)")
+            for value, what in zip(r, ("src_offset", "dst_offset", "nbytes")):
+                _uint(value, _SIZE_BITS, f"copy_batch: range {k}'s {what}")
+            table[k] = cls(*r)
+        return table, len(ranges)
+    # Released on every path: a view kept alive by an exception's traceback would keep the
+    # caller's array from resizing.
+    with view:
         code = view.format.lstrip("@=<>!")
         order = view.format[: len(view.format) - len(code)]
         if code not in _SIZE_T_CODES or order not in _NATIVE_ORDER or view.itemsize != ctypes.sizeof(ctypes.c_size_t):
             raise ValueError(f"copy_batch: a buffer of ranges must hold native size_t values, not format {view.format!r}")
         if not view.c_contiguous:
             raise ValueError("copy_batch: a buffer of ranges must be C-contiguous")
-        if view.nbytes % ctypes.sizeof(cls):
-            raise ValueError(f"copy_batch: {view.nbytes // view.itemsize} values are not whole (src_offset, dst_offset, nbytes) triples")
+        flat = view.ndim == 1 and view.shape[0] % 3 == 0
+        if not (flat or (view.ndim == 2 and view.shape[1] == 3)):
+            raise ValueError(f"copy_batch: a buffer of ranges has shape {view.shape}, not (n, 3) or (3 n,)")
         count = view.nbytes // ctypes.sizeof(cls)
-        return (cls * count).from_buffer_copy(view.cast("B")), count
-    ranges = list(ranges)
-    table = (cls * len(ranges))()
-    for k, r in enumerate(ranges):
-        if len(r) != 3:
-            raise ValueError(f"copy_batch: range {k} is {r!r}, not (src_offset, dst_offset, nbytes)")
-        for value, what in zip(r, ("src_offset", "dst_offset", "nbytes")):
-            _uint(value, _SIZE_BITS, f"copy_batch: range {k}'s {what}")
-        table[k] = cls(*r)
-    return table, len(ranges)
+        return (cls * count).from_buffer_copy(view), count
 
 
 class _Header:

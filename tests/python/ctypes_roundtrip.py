@@ -71,12 +71,21 @@ with lib.stream(device) as stream, lib.pinned(device, n) as src, lib.device_buff
         lib.copy_batch(stream, src, dev, table)
         lib.copy(stream, dev, back, 16 * 4096, src_offset=n // 2)
         assert back.read(16 * 4096) == got, "a batch from a buffer of ranges differs"
-        for bad in (array.array("b", [0, 0, 8]), table[:4], memoryview(table)[::2]):
+        pairs = memoryview(table[:6]).cast("B").cast("Q", [3, 2])  # 6 values, but pairs
+        for bad in (array.array("b", [0, 0, 8]), table[:4], memoryview(table)[::2], pairs):
             try:
                 lib.copy_batch(stream, src, dev, bad)
                 raise AssertionError(f"the buffer of ranges {bad!r} was accepted")
             except ValueError:
                 pass
+        partial = array.array("Q", [0, 0, 8, 1])
+        try:
+            lib.copy_batch(stream, src, dev, partial)
+            raise AssertionError("a partial triple was accepted")
+        except ValueError as e:
+            kept = e  # its traceback holds the refused call's frames
+        partial.append(2)  # the buffer was released all the same: the array can resize
+        del kept
     for bad, kind in (([(0, 0, 8), (100, 4, 8)], cuferry.CuferryError), ([(0, 0)], ValueError),
                       ([(0, -1, 8)], ValueError)):
         try:
