@@ -28,7 +28,6 @@ use std::fmt;
 use std::os::raw::c_void;
 
 use super::{check_range, direction, CopyDirection, HostCopy, HOST_INLINE_COPY_BYTES};
-use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::memory::sealed::RawParts;
 use crate::memory::tracker::{Access, UseTracker};
@@ -157,17 +156,11 @@ impl<'a> CopyBatch<'a> {
     {
         let direction = direction(self.stream.device(), src.kind(), dst.kind())?;
         let size = std::mem::size_of::<T>();
-        // The message is written only for a range that does not fit (a batch may hold
-        // thousands of ranges, and formatting a name for each cost more than their copies).
-        let fits =
-            |offset: usize, len: usize, total: usize| offset.checked_add(len).is_some_and(|end| end <= total);
         for (k, r) in ranges.iter().enumerate() {
-            if !fits(r.src_offset, r.len, src.len()) {
-                check_range(&format!("copy {k}'s source"), r.src_offset, r.len, src.len(), size)?;
-            }
-            if !fits(r.dst_offset, r.len, dst.len()) {
-                check_range(&format!("copy {k}'s destination"), r.dst_offset, r.len, dst.len(), size)?;
-            }
+            // Names are formatted only for a range that does not fit: a batch may hold
+            // thousands of ranges, and formatting each cost more than their copies.
+            check_range(|| format!("copy {k}'s source"), r.src_offset, r.len, src.len(), size)?;
+            check_range(|| format!("copy {k}'s destination"), r.dst_offset, r.len, dst.len(), size)?;
         }
         let (s, d) = (src.raw_parts(), dst.raw_parts());
         self.copies.try_reserve(ranges.len()).map_err(|e| {
@@ -283,23 +276,15 @@ impl<'a> CopyBatch<'a> {
                 for c in &self.copies {
                     let pair = &self.pairs[c.pair];
                     if pair.direction == CopyDirection::Peer {
-                        let (MemoryKind::Device(Device::Cuda(sd)), MemoryKind::Device(Device::Cuda(dd))) =
-                            (pair.src_kind, pair.dst_kind)
-                        else {
-                            return Err(Error::invalid("peer copy between non-CUDA memory"));
-                        };
-                        // SAFETY: both ranges are in bounds of live device buffers whose
-                        // trackers record this batch, so they are not freed before it runs.
-                        unsafe {
-                            crate::cuda::memory::memcpy_peer_async(
-                                c.dst.cast(),
-                                dd,
-                                c.src.cast(),
-                                sd,
-                                c.bytes,
-                                s,
-                            )
-                        }?;
+                        // Peer copies one by one (`cudaMemcpyPeerAsync`), as `copy_range`
+                        // queues them, inside this batch's use.
+                        super::enqueue(
+                            self.stream,
+                            pair.direction,
+                            (pair.src_kind, c.src),
+                            (pair.dst_kind, c.dst),
+                            c.bytes,
+                        )?;
                     } else {
                         dsts.push(c.dst.cast());
                         srcs.push(c.src.cast_const().cast());

@@ -131,8 +131,8 @@ where
     D: Memory<T> + ?Sized,
 {
     let size = std::mem::size_of::<T>();
-    check_range("source", src_offset, len, src.len(), size)?;
-    check_range("destination", dst_offset, len, dst.len(), size)?;
+    check_range(|| "source".into(), src_offset, len, src.len(), size)?;
+    check_range(|| "destination".into(), dst_offset, len, dst.len(), size)?;
     let (s, d) = (src.raw_parts(), dst.raw_parts());
     debug_assert!((src_offset + len) * size <= s.bytes && (dst_offset + len) * size <= d.bytes);
     // SAFETY: the ranges were checked; precondition 1 is `copy_bytes`'s second.
@@ -215,14 +215,24 @@ fn ranges_overlap(a: usize, b: usize, bytes: usize) -> bool {
     bytes > 0 && a.abs_diff(b) < bytes
 }
 
-/// Checks `[offset, offset + len)` against a memory of `total` elements of `size` bytes.
-fn check_range(what: &str, offset: usize, len: usize, total: usize, size: usize) -> Result<()> {
-    let unit = if size == 1 { "bytes".to_string() } else { format!("elements of {size} bytes") };
+/// Checks `[offset, offset + len)` against a memory of `total` elements of `size` bytes;
+/// `what` names the range, called only for the error.
+fn check_range(
+    what: impl FnOnce() -> String,
+    offset: usize,
+    len: usize,
+    total: usize,
+    size: usize,
+) -> Result<()> {
     match offset.checked_add(len) {
         Some(end) if end <= total => Ok(()),
-        _ => Err(Error::invalid(format!(
-            "{what} range {offset}..{offset}+{len} is out of bounds for {total} {unit}"
-        ))),
+        _ => {
+            let unit = if size == 1 { "bytes".to_string() } else { format!("elements of {size} bytes") };
+            Err(Error::invalid(format!(
+                "{} range {offset}..{offset}+{len} is out of bounds for {total} {unit}",
+                what()
+            )))
+        }
     }
 }
 
