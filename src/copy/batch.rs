@@ -236,17 +236,13 @@ impl<'a> CopyBatch<'a> {
     /// Queues each copy on its own, as [`copy_range`](super::copy_range) would (one
     /// `cudaMemcpyAsync` or host job each), inside the caller's one use.
     fn enqueue_one_by_one(&self) -> Result<()> {
-        for c in &self.copies {
-            let pair = &self.pairs[c.pair];
-            super::enqueue(
-                self.stream,
-                pair.direction,
-                (pair.src_kind, c.src),
-                (pair.dst_kind, c.dst),
-                c.bytes,
-            )?;
-        }
-        Ok(())
+        self.copies.iter().try_for_each(|c| self.enqueue_alone(c))
+    }
+
+    /// Queues one copy of the batch as [`copy_range`](super::copy_range) would.
+    fn enqueue_alone(&self, c: &ByteCopy) -> Result<()> {
+        let pair = &self.pairs[c.pair];
+        super::enqueue(self.stream, pair.direction, (pair.src_kind, c.src), (pair.dst_kind, c.dst), c.bytes)
     }
 
     /// Queues the copies on the stream's backend (the uses are being recorded by the caller).
@@ -274,17 +270,10 @@ impl<'a> CopyBatch<'a> {
                 let mut srcs: Vec<*const c_void> = Vec::with_capacity(self.copies.len());
                 let mut sizes: Vec<usize> = Vec::with_capacity(self.copies.len());
                 for c in &self.copies {
-                    let pair = &self.pairs[c.pair];
-                    if pair.direction == CopyDirection::Peer {
+                    if self.pairs[c.pair].direction == CopyDirection::Peer {
                         // Peer copies one by one (`cudaMemcpyPeerAsync`), as `copy_range`
                         // queues them, inside this batch's use.
-                        super::enqueue(
-                            self.stream,
-                            pair.direction,
-                            (pair.src_kind, c.src),
-                            (pair.dst_kind, c.dst),
-                            c.bytes,
-                        )?;
+                        self.enqueue_alone(c)?;
                     } else {
                         dsts.push(c.dst.cast());
                         srcs.push(c.src.cast_const().cast());
