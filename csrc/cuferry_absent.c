@@ -87,6 +87,9 @@ cuferry_status cuferry_cuda_host_register(int32_t device, void *ptr, size_t byte
   (void)device; (void)ptr; (void)bytes; (void)flags; NB;
 }
 cuferry_status cuferry_cuda_host_unregister(int32_t device, void *ptr) { (void)device; (void)ptr; NB; }
+cuferry_status cuferry_cuda_pointer_type(const void *ptr, cuferry_pointer_type *type, int32_t *device) {
+  (void)ptr; (void)type; (void)device; NB;
+}
 cuferry_status cuferry_cuda_memcpy_async(void *dst, const void *src, size_t bytes,
                                     cuferry_copy_kind kind, cuferry_stream stream) {
   (void)dst; (void)src; (void)bytes; (void)kind; (void)stream; NB;
@@ -122,9 +125,6 @@ cuferry_status cuferry_cuda_mem_pool_stats(cuferry_mem_pool pool, cuferry_pool_s
 }
 cuferry_status cuferry_cuda_malloc_managed(int32_t device, size_t bytes, void **ptr) {
   (void)device; (void)bytes; (void)ptr; NB;
-}
-cuferry_status cuferry_cuda_pointer_is_managed(const void *ptr, int32_t *managed, int32_t *device) {
-  (void)ptr; (void)managed; (void)device; NB;
 }
 cuferry_status cuferry_cuda_mem_prefetch_async(const void *ptr, size_t bytes, cuferry_location location,
                                                cuferry_stream stream) {

@@ -209,6 +209,23 @@ cuferry_status cuferry_cuda_host_register(int32_t device, void *ptr, size_t byte
 /** cudaHostUnregister with `device` (the registering device) current, as pinned_free. */
 cuferry_status cuferry_cuda_host_unregister(int32_t device, void *ptr);
 
+/** What memory an address lies in (cudaPointerGetAttributes' cudaMemoryType). */
+typedef enum cuferry_pointer_type {
+  /** Host memory CUDA does not know: pageable, or no memory at all. */
+  CUFERRY_POINTER_UNREGISTERED = 0,
+  /** Page-locked host memory (cudaHostAlloc, cudaHostRegister). */
+  CUFERRY_POINTER_HOST = 1,
+  /** Device memory. */
+  CUFERRY_POINTER_DEVICE = 2,
+  /** Managed memory. */
+  CUFERRY_POINTER_MANAGED = 3,
+} cuferry_pointer_type;
+
+/** The memory `ptr` lies in (cudaPointerGetAttributes) and its device (-1 for unregistered
+ *  memory; the device of the context that allocated or registered it otherwise). Asking needs
+ *  a current context: on a thread without one, the runtime makes the current device's. */
+cuferry_status cuferry_cuda_pointer_type(const void *ptr, cuferry_pointer_type *type, int32_t *device);
+
 /* ---- copies -------------------------------------------------------------------------------- */
 
 /** cudaMemcpyAsync of `bytes` in direction `kind` on `stream`. */
@@ -281,8 +298,6 @@ cuferry_status cuferry_cuda_free_async(void *ptr, cuferry_stream stream);
 cuferry_status cuferry_cuda_mem_pool_stats(cuferry_mem_pool pool, cuferry_pool_stats *stats);
 /** cudaMallocManaged (cudaMemAttachGlobal) on `device`: the fallback where pools are refused. */
 cuferry_status cuferry_cuda_malloc_managed(int32_t device, size_t bytes, void **ptr);
-/** 1 in `*managed` when `ptr` is managed memory (cudaPointerGetAttributes), with its device. */
-cuferry_status cuferry_cuda_pointer_is_managed(const void *ptr, int32_t *managed, int32_t *device);
 /** cudaMemPrefetchAsync to `location`. */
 cuferry_status cuferry_cuda_mem_prefetch_async(const void *ptr, size_t bytes, cuferry_location location,
                                                cuferry_stream stream);

@@ -92,16 +92,6 @@ cuferry_status cuferry_cuda_malloc_managed(int32_t device, size_t bytes, void **
   return CUFERRY_STATUS_SUCCESS;
 }
 
-cuferry_status cuferry_cuda_pointer_is_managed(const void *ptr, int32_t *managed, int32_t *device) {
-  CF_REQUIRE(managed);
-  CF_REQUIRE(device);
-  cudaPointerAttributes attr = {};
-  CF_TRY(cudaPointerGetAttributes(&attr, ptr));
-  *managed = attr.type == cudaMemoryTypeManaged ? 1 : 0;
-  *device = attr.device;
-  return CUFERRY_STATUS_SUCCESS;
-}
-
 cuferry_status cuferry_cuda_mem_prefetch_async(const void *ptr, size_t bytes, cuferry_location location,
                                                cuferry_stream stream) {
   CF_REQUIRE(ptr);

@@ -73,6 +73,29 @@ cuferry_status cuferry_cuda_host_unregister(int32_t device, void *ptr) {
   return cf_check(cudaHostUnregister(ptr));
 }
 
+cuferry_status cuferry_cuda_pointer_type(const void *ptr, cuferry_pointer_type *type, int32_t *device) {
+  CF_REQUIRE(type);
+  CF_REQUIRE(device);
+  cudaPointerAttributes attr = {};
+  CF_TRY(cudaPointerGetAttributes(&attr, ptr));
+  switch (attr.type) {
+    case cudaMemoryTypeHost:
+      *type = CUFERRY_POINTER_HOST;
+      break;
+    case cudaMemoryTypeDevice:
+      *type = CUFERRY_POINTER_DEVICE;
+      break;
+    case cudaMemoryTypeManaged:
+      *type = CUFERRY_POINTER_MANAGED;
+      break;
+    default:
+      *type = CUFERRY_POINTER_UNREGISTERED;
+      break;
+  }
+  *device = attr.type == cudaMemoryTypeUnregistered ? -1 : attr.device;
+  return CUFERRY_STATUS_SUCCESS;
+}
+
 static bool cf_copy_kind(cuferry_copy_kind kind, cudaMemcpyKind *out) {
   switch (kind) {
     case CUFERRY_COPY_HOST_TO_DEVICE:

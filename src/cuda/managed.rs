@@ -87,16 +87,6 @@ pub(crate) fn malloc_managed(device: u32, bytes: usize) -> Result<*mut c_void> {
     Ok(p)
 }
 
-/// Whether `ptr` is managed memory, and its device (`cudaPointerGetAttributes`).
-pub(crate) fn pointer_is_managed(ptr: *const c_void) -> Result<(bool, i32)> {
-    let (mut managed, mut device) = (0, 0);
-    // SAFETY: the call only inspects the address; the out-pointers are valid.
-    check("cudaPointerGetAttributes", unsafe {
-        sys::cuferry_cuda_pointer_is_managed(ptr, &mut managed, &mut device)
-    })?;
-    Ok((managed != 0, device))
-}
-
 /// `cudaMemPrefetchAsync`.
 ///
 /// # Safety

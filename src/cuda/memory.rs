@@ -93,6 +93,35 @@ pub(crate) unsafe fn host_unregister(device: u32, ptr: *mut c_void) -> Result<()
     check("cudaHostUnregister", unsafe { sys::cuferry_cuda_host_unregister(dev, ptr) })
 }
 
+/// What memory an address lies in (`cudaPointerGetAttributes`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PointerType {
+    /// Host memory CUDA does not know: pageable, or no memory at all.
+    Unregistered,
+    /// Page-locked host memory (`cudaHostAlloc`, `cudaHostRegister`).
+    Host,
+    /// Device memory.
+    Device,
+    /// Managed memory.
+    Managed,
+}
+
+/// The memory `ptr` lies in and its device (-1 for unregistered memory). Asking needs a
+/// context: on a thread without one the runtime makes the current device's (see
+/// `device::ensure_some_context`).
+pub(crate) fn pointer_type(ptr: *const c_void) -> Result<(PointerType, i32)> {
+    let (mut kind, mut device) = (sys::cuferry_pointer_type_CUFERRY_POINTER_UNREGISTERED, -1);
+    // SAFETY: the call only inspects the address; the out-pointers are valid.
+    check("cudaPointerGetAttributes", unsafe { sys::cuferry_cuda_pointer_type(ptr, &mut kind, &mut device) })?;
+    let kind = match kind {
+        sys::cuferry_pointer_type_CUFERRY_POINTER_HOST => PointerType::Host,
+        sys::cuferry_pointer_type_CUFERRY_POINTER_DEVICE => PointerType::Device,
+        sys::cuferry_pointer_type_CUFERRY_POINTER_MANAGED => PointerType::Managed,
+        _ => PointerType::Unregistered,
+    };
+    Ok((kind, device))
+}
+
 /// `cudaMemcpyAsync`.
 ///
 /// # Safety

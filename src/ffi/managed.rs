@@ -40,6 +40,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use super::{device_of, guard, set_last_error, write_out, CuferryStatus};
 use crate::cuda::device::DeviceScope;
 use crate::cuda::managed::{self as raw, Batch};
+use crate::cuda::memory::{pointer_type, PointerType};
 use crate::cuda::stream::RawStream;
 use crate::error::{Error, Result};
 use crate::managed::{advice_refused, device_lacking_concurrent_access};
@@ -280,8 +281,10 @@ fn owner(ptr: *const c_void, bytes: usize) -> Result<i32> {
     // The probe needs a context, and on a thread with none would create device 0's: an
     // active device's is used instead (where none is active, the probe creates it as before).
     let _ = crate::cuda::device::ensure_some_context();
-    match (raw::pointer_is_managed(ptr), raw::pointer_is_managed(last as *const c_void)) {
-        (Ok((true, device)), Ok((true, last_device))) if device == last_device => Ok(device),
+    match (pointer_type(ptr), pointer_type(last as *const c_void)) {
+        (Ok((PointerType::Managed, device)), Ok((PointerType::Managed, last_device))) if device == last_device => {
+            Ok(device)
+        }
         _ => Err(Error::invalid(format!("{ptr:?}..+{bytes} is not inside managed memory"))),
     }
 }

@@ -316,6 +316,24 @@ unsafe extern "C" {
     #[doc = " cudaHostUnregister with `device` (the registering device) current, as pinned_free."]
     pub fn cuferry_cuda_host_unregister(device: i32, ptr: *mut ::std::os::raw::c_void) -> cuferry_status;
 }
+#[doc = " Host memory CUDA does not know: pageable, or no memory at all."]
+pub const cuferry_pointer_type_CUFERRY_POINTER_UNREGISTERED: cuferry_pointer_type = 0;
+#[doc = " Page-locked host memory (cudaHostAlloc, cudaHostRegister)."]
+pub const cuferry_pointer_type_CUFERRY_POINTER_HOST: cuferry_pointer_type = 1;
+#[doc = " Device memory."]
+pub const cuferry_pointer_type_CUFERRY_POINTER_DEVICE: cuferry_pointer_type = 2;
+#[doc = " Managed memory."]
+pub const cuferry_pointer_type_CUFERRY_POINTER_MANAGED: cuferry_pointer_type = 3;
+#[doc = " What memory an address lies in (cudaPointerGetAttributes' cudaMemoryType)."]
+pub type cuferry_pointer_type = ::std::os::raw::c_uint;
+unsafe extern "C" {
+    #[doc = " The memory `ptr` lies in (cudaPointerGetAttributes) and its device (-1 for unregistered\n  memory; the device of the context that allocated or registered it otherwise). Asking needs\n  a current context: on a thread without one, the runtime makes the current device's."]
+    pub fn cuferry_cuda_pointer_type(
+        ptr: *const ::std::os::raw::c_void,
+        type_: *mut cuferry_pointer_type,
+        device: *mut i32,
+    ) -> cuferry_status;
+}
 unsafe extern "C" {
     #[doc = " cudaMemcpyAsync of `bytes` in direction `kind` on `stream`."]
     pub fn cuferry_cuda_memcpy_async(
@@ -441,14 +459,6 @@ unsafe extern "C" {
         device: i32,
         bytes: usize,
         ptr: *mut *mut ::std::os::raw::c_void,
-    ) -> cuferry_status;
-}
-unsafe extern "C" {
-    #[doc = " 1 in `*managed` when `ptr` is managed memory (cudaPointerGetAttributes), with its device."]
-    pub fn cuferry_cuda_pointer_is_managed(
-        ptr: *const ::std::os::raw::c_void,
-        managed: *mut i32,
-        device: *mut i32,
     ) -> cuferry_status;
 }
 unsafe extern "C" {
