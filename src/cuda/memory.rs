@@ -3,7 +3,7 @@
 use std::os::raw::c_void;
 
 use super::{check, ordinal, stream::RawStream};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::sys;
 
 /// Direction of a CUDA copy.
@@ -81,6 +81,28 @@ pub(crate) unsafe fn host_register(device: u32, ptr: *mut c_void, bytes: usize, 
     check("cudaHostRegister", unsafe { sys::cuferry_cuda_host_register(dev, ptr, bytes, flags) })
 }
 
+/// `cudaErrorHostMemoryAlreadyRegistered`.
+const ALREADY_REGISTERED: i32 = 712;
+/// `cudaErrorNotSupported`.
+const NOT_SUPPORTED: i32 = 801;
+
+/// [`host_register`] with the portable flag, where a refusal is an answer: `false` when the
+/// driver will not page-lock the range ("already registered": some of its pages are another
+/// registration's; "not supported"), so the memory stays pageable. Other errors are returned.
+///
+/// # Safety
+///
+/// As [`host_register`].
+pub(crate) unsafe fn host_register_if_allowed(device: u32, ptr: *mut c_void, bytes: usize) -> Result<bool> {
+    let flags = sys::CUFERRY_REGISTER_PORTABLE as u32;
+    // SAFETY: the caller's contract, unchanged.
+    match unsafe { host_register(device, ptr, bytes, flags) } {
+        Ok(()) => Ok(true),
+        Err(Error::Cuda { code: ALREADY_REGISTERED | NOT_SUPPORTED, .. }) => Ok(false),
+        Err(err) => Err(err),
+    }
+}
+
 /// `cudaHostUnregister` with `device` (the registering device) made current first, as
 /// [`pinned_free`].
 ///
@@ -112,7 +134,9 @@ pub(crate) enum PointerType {
 pub(crate) fn pointer_type(ptr: *const c_void) -> Result<(PointerType, i32)> {
     let (mut kind, mut device) = (sys::cuferry_pointer_type_CUFERRY_POINTER_UNREGISTERED, -1);
     // SAFETY: the call only inspects the address; the out-pointers are valid.
-    check("cudaPointerGetAttributes", unsafe { sys::cuferry_cuda_pointer_type(ptr, &mut kind, &mut device) })?;
+    check("cudaPointerGetAttributes", unsafe {
+        sys::cuferry_cuda_pointer_type(ptr, &mut kind, &mut device)
+    })?;
     let kind = match kind {
         sys::cuferry_pointer_type_CUFERRY_POINTER_HOST => PointerType::Host,
         sys::cuferry_pointer_type_CUFERRY_POINTER_DEVICE => PointerType::Device,

@@ -282,7 +282,9 @@ fn owner(ptr: *const c_void, bytes: usize) -> Result<i32> {
     // active device's is used instead (where none is active, the probe creates it as before).
     let _ = crate::cuda::device::ensure_some_context();
     match (pointer_type(ptr), pointer_type(last as *const c_void)) {
-        (Ok((PointerType::Managed, device)), Ok((PointerType::Managed, last_device))) if device == last_device => {
+        (Ok((PointerType::Managed, device)), Ok((PointerType::Managed, last_device)))
+            if device == last_device =>
+        {
             Ok(device)
         }
         _ => Err(Error::invalid(format!("{ptr:?}..+{bytes} is not inside managed memory"))),

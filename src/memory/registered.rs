@@ -22,13 +22,7 @@ use super::tracker::UseTracker;
 use super::{Element, Memory, MemoryKind};
 use crate::cuda::memory as raw;
 use crate::device::Device;
-use crate::error::{record_drop_error, Error, Result};
-use crate::sys;
-
-/// `cudaErrorHostMemoryAlreadyRegistered`.
-const ALREADY_REGISTERED: i32 = 712;
-/// `cudaErrorNotSupported`.
-const NOT_SUPPORTED: i32 = 801;
+use crate::error::{record_drop_error, Result};
 
 /// Host memory, owned, registered with CUDA for fast copies when the driver allows.
 ///
@@ -85,12 +79,7 @@ impl<T: Element> HostRegistration<T> {
         if let (Device::Cuda(i), true) = (device, bytes > 0) {
             // SAFETY: `ptr..ptr+bytes` is the Vec's heap buffer, owned by `reg` and neither
             // freed nor moved until `release` unregisters it.
-            let flags = sys::CUFERRY_REGISTER_PORTABLE as u32;
-            match unsafe { raw::host_register(i, ptr.cast::<c_void>(), bytes, flags) } {
-                Ok(()) => reg.pinned = true,
-                Err(Error::Cuda { code: ALREADY_REGISTERED | NOT_SUPPORTED, .. }) => {}
-                Err(err) => return Err(err),
-            }
+            reg.pinned = unsafe { raw::host_register_if_allowed(i, ptr.cast::<c_void>(), bytes) }?;
         }
         Ok(reg)
     }
@@ -226,6 +215,7 @@ impl<T: Element> Memory<T> for HostRegistration<T> {
 mod tests {
     use super::*;
     use crate::copy::copy;
+    use crate::error::Error;
     use crate::memory::DeviceBuffer;
     use crate::stream::test_gate::Gate;
     use crate::stream::Stream;

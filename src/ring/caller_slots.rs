@@ -30,16 +30,10 @@ use std::os::raw::c_void;
 
 use crate::cuda::memory as raw;
 use crate::device::Device;
-use crate::error::{record_drop_error, Error, Result};
+use crate::error::{record_drop_error, Result};
 use crate::memory::sealed::RawParts;
 use crate::memory::tracker::UseTracker;
 use crate::memory::MemoryKind;
-use crate::sys;
-
-/// `cudaErrorHostMemoryAlreadyRegistered`.
-const ALREADY_REGISTERED: i32 = 712;
-/// `cudaErrorNotSupported`.
-const NOT_SUPPORTED: i32 = 801;
 
 /// One slot: caller memory, whether it is page-locked, and its queued uses.
 #[derive(Debug)]
@@ -106,13 +100,8 @@ struct CudaRegistrar {
 
 impl Registrar for CudaRegistrar {
     unsafe fn register(&self, ptr: *mut c_void, bytes: usize) -> Result<bool> {
-        let flags = sys::CUFERRY_REGISTER_PORTABLE as u32;
         // SAFETY: the range stays mapped until it is unregistered (Safety 1).
-        match unsafe { raw::host_register(self.ordinal, ptr, bytes, flags) } {
-            Ok(()) => Ok(true),
-            Err(Error::Cuda { code: ALREADY_REGISTERED | NOT_SUPPORTED, .. }) => Ok(false),
-            Err(err) => Err(err),
-        }
+        unsafe { raw::host_register_if_allowed(self.ordinal, ptr, bytes) }
     }
 
     unsafe fn unregister(&self, ptr: *mut c_void) -> Result<()> {
@@ -328,6 +317,7 @@ pub(super) fn page_groups(spans: &[(usize, usize)], page: usize) -> Vec<Vec<usiz
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Error;
 
     const PAGE: usize = 4096;
 
