@@ -67,9 +67,10 @@ impl<T: Element> HostRegistration<T> {
     /// # Errors
     ///
     /// As [`Device::check_available`] for `device` (also for an empty `data`);
-    /// [`Error::InvalidArgument`] for a zero-sized or over-aligned element type (the module
-    /// rules of [`crate::memory`]); CUDA errors of `cudaHostRegister` other than "not
-    /// supported" and "already registered" (which fall back to pageable memory).
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a zero-sized or
+    /// over-aligned element type (the module rules of [`crate::memory`]); CUDA errors of
+    /// `cudaHostRegister` other than "not supported" and "already registered" (which fall
+    /// back to pageable memory).
     pub fn new(device: Device, data: Vec<T>) -> Result<Self> {
         byte_len::<T>(data.len())?;
         device.check_available()?;
