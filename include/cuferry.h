@@ -20,13 +20,27 @@
  *   after destroying it is undefined, as in C.
  * - Buffers keep cuferry's ordering rules: copies on one buffer run in the order queued, and
  *   `cuferry_buffer_free` waits for queued copies before freeing. The raw pointer of a pinned
- *   buffer may be read or written by C only after `cuferry_buffer_synchronize`. Work that
+ *   buffer, and the memory of a wrapped one (`cuferry_buffer_wrap`), may be read or written
+ *   by C only after `cuferry_buffer_synchronize`. Work that
  *   cuferry did not queue (your kernels or copies on a buffer's memory through
  *   `cuferry_buffer_ptr`, on any stream) is ordered with none of this: let it finish before
  *   queueing a copy of that memory, and queue it only after the copies it depends on.
  * - A call that works on a CUDA device may leave that device current on the calling thread
  *   (`cudaSetDevice`), as creating streams and events and launching kernels require: set
  *   your own device again before your own CUDA calls that rely on the current device.
+ *
+ * Buffers (src/ffi/buffer.rs):
+ * - A buffer handle is borrowed shared by every call but `cuferry_buffer_free`: C may pass one
+ *   buffer to calls on several threads at once, or as both source and destination (the
+ *   copies refuse overlapping ranges before queueing anything).
+ * - C writes a buffer only through cuferry calls, which its tracker orders, or through its
+ *   pointer after `cuferry_buffer_synchronize`, so nothing else writes a destination while a
+ *   copy into it is queued.
+ * - A wrapper (`cuferry_buffer_wrap`) is the caller's memory: cuferry never frees it, and the
+ *   owner may free or reuse it once `cuferry_buffer_free` of the wrapper returned OK, which
+ *   waits for its copies first. What the memory is (device, managed, page-locked or pageable
+ *   host memory) comes from CUDA, not from the caller. A read-only wrapper is never a copy's
+ *   destination.
  *
  * Rings (src/ffi/ring.rs):
  * - Ring calls are thread-safe: one thread may produce while others consume. A slot or item
@@ -136,6 +150,13 @@
  * [`cuferry_device_set_host_wait`]: waiting threads sleep until the device signals.
  */
 #define CUFERRY_HOST_WAIT_BLOCK 4
+
+/**
+ * [`cuferry_buffer_wrap`] flag: the memory is only read by cuferry. A copy into it is
+ * `CUFERRY_STATUS_INVALID_ARGUMENT`, so read-only memory (a Python `bytes`, a constant
+ * table) can be a copy's source.
+ */
+#define CUFERRY_WRAP_READ_ONLY 1
 
 /**
  * Most dimensions of an array in the C ABI.
@@ -275,7 +296,8 @@ typedef enum CuferryStatus {
 } CuferryStatus;
 
 /**
- * A cuferry buffer: pinned host memory or device memory (opaque).
+ * A cuferry buffer: pinned host memory, device memory, or memory the caller owns and
+ * wrapped (opaque).
  */
 typedef struct CuferryBuffer CuferryBuffer;
 
@@ -557,10 +579,45 @@ enum CuferryStatus cuferry_device_alloc(const struct CuferryStream *stream,
                                         struct CuferryBuffer **out);
 
 /**
- * Frees a buffer after the copies queued on it (NULL is a no-op). The handle is freed
- * whatever the status: an error reports a failed wait for those copies (the memory is then
- * leaked, since they may still use it) or a failed free, and must not be answered by freeing
- * it again.
+ * Wraps `bytes` bytes of memory the caller owns at `ptr` as a buffer in `*out`, for copies
+ * with `device` (`CUFERRY_HOST` or a CUDA ordinal): a NumPy array, a PyTorch or CuPy tensor,
+ * a C code's own `malloc` or `cudaMalloc`. The memory is never freed by cuferry, and may be
+ * a source or (unless `flags` has [`CUFERRY_WRAP_READ_ONLY`]) a destination of
+ * [`cuferry_copy`] and [`cuferry_copy_batch`]; it is not a halo array.
+ *
+ * CUDA says what the memory is, from its first and last byte, which must agree:
+ * - device or managed memory must be `device`'s (`CUFERRY_HOST` takes neither);
+ * - page-locked host memory is used as it is;
+ * - pageable host memory is page-locked for the wrapper's life when the driver allows
+ *   (`cudaHostRegister`, portable), and copied at pageable speed otherwise.
+ *
+ * `ptr` may be NULL only when `bytes` is 0. `flags` is 0 or [`CUFERRY_WRAP_READ_ONLY`];
+ * other bits are `CUFERRY_STATUS_INVALID_ARGUMENT`, as are a range past the end of the
+ * address space, ends in two kinds of memory or two devices, and device memory of another
+ * device.
+ *
+ * [`cuferry_buffer_free`] waits for the copies queued on the wrapper and undoes its
+ * registration; only then may the owner free or reuse the memory. When that wait fails, a
+ * copy may still use the memory: keep it for good.
+ *
+ * # Safety
+ *
+ * `ptr..ptr+bytes` is memory of one allocation that stays allocated, in place, until the
+ * wrapper is freed; while a copy through the wrapper is queued or running, nothing else
+ * writes the memory (nor reads it while the copy writes it); `out` is NULL or valid for
+ * writing a pointer.
+ */
+enum CuferryStatus cuferry_buffer_wrap(int32_t device,
+                                       void *ptr,
+                                       size_t bytes,
+                                       uint32_t flags,
+                                       struct CuferryBuffer **out);
+
+/**
+ * Frees a buffer after the copies queued on it (NULL is a no-op; a wrapper leaves the memory
+ * to its owner, see [`cuferry_buffer_wrap`]). The handle is freed whatever the status: an
+ * error reports a failed wait for those copies (the memory is then leaked, since they may
+ * still use it) or a failed free, and must not be answered by freeing it again.
  *
  * # Safety
  *
@@ -570,7 +627,7 @@ enum CuferryStatus cuferry_buffer_free(struct CuferryBuffer *buffer);
 
 /**
  * The buffer's memory: a host pointer for pinned buffers, a device pointer for device
- * buffers (NULL for a NULL handle or an empty buffer).
+ * buffers, the wrapped pointer for a wrapper (NULL for a NULL handle or an empty buffer).
  *
  * # Safety
  *

@@ -4,8 +4,9 @@
 use std::path::PathBuf;
 
 /// The C ABI's modules whose `Rules:` the header opens with, and the heading of each.
-const RULE_SOURCES: [(&str, &str); 4] = [
+const RULE_SOURCES: [(&str, &str); 5] = [
     ("src/ffi/mod.rs", "Every call"),
+    ("src/ffi/buffer.rs", "Buffers"),
     ("src/ffi/ring.rs", "Rings"),
     ("src/ffi/halo.rs", "Halo packers"),
     ("src/ffi/managed.rs", "Managed memory"),

@@ -59,6 +59,37 @@ fn halo_buffer_queries_write_nothing_when_they_fail() {
     assert_eq!(unsafe { cuferry_halo_packer_destroy(packer) }, CuferryStatus::Ok);
 }
 
+/// A wrapper of caller memory is no halo array: the pack is refused with a message naming
+/// it, and the memory is left as it was.
+#[test]
+fn halo_packers_refuse_wrapped_arrays() {
+    let exchange = exchange_1d();
+    let mut packer: *mut CuferryHaloPacker = ptr::null_mut();
+    let mut data = vec![0x3cu8; 32];
+    let mut wrapped: *mut CuferryBuffer = ptr::null_mut();
+    // SAFETY: one valid exchange; `data` outlives the wrapper; writable out-parameters.
+    unsafe {
+        assert_eq!(cuferry_halo_packer_create(CUFERRY_HOST, &exchange, 1, &mut packer), CuferryStatus::Ok);
+        assert_eq!(
+            cuferry_buffer_wrap(CUFERRY_HOST, data.as_mut_ptr().cast(), 32, 0, &mut wrapped),
+            CuferryStatus::Ok
+        );
+    }
+    let arrays = [wrapped.cast_const()];
+    // SAFETY: a live packer and one live handle.
+    let status = unsafe { cuferry_halo_pack(packer, arrays.as_ptr(), 1) };
+    // SAFETY: the function always returns a NUL-terminated string.
+    let message = unsafe { CStr::from_ptr(cuferry_last_error_message()) }.to_string_lossy().into_owned();
+    assert_eq!(status, CuferryStatus::InvalidArgument, "{message}");
+    assert!(message.contains("wrapped"), "{message}");
+    // SAFETY: live handles, not used again.
+    unsafe {
+        assert_eq!(cuferry_buffer_free(wrapped), CuferryStatus::Ok);
+        assert_eq!(cuferry_halo_packer_destroy(packer), CuferryStatus::Ok);
+    }
+    assert!(data.iter().all(|&b| b == 0x3c));
+}
+
 /// A C library's pthread key destructor, run at thread exit after Rust's thread-locals are
 /// gone, makes a failing call and reads the message.
 extern "C" fn failing_cleanup(_: *mut c_void) {

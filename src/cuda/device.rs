@@ -220,6 +220,22 @@ pub(crate) fn set_host_wait(device: u32, schedule: u32) -> Result<()> {
     check("cudaSetDeviceFlags", unsafe { sys::cuferry_cuda_device_set_host_wait(dev, schedule) })
 }
 
+/// The CUDA device count, or `None` after printing SKIP when there is none (failing
+/// instead under `CUFERRY_REQUIRE_GPU=1`): for unit tests that need a device.
+#[cfg(test)]
+pub(crate) fn devices_or_skip() -> Option<u32> {
+    let devices = count().unwrap_or(0);
+    if devices == 0 {
+        assert!(
+            std::env::var("CUFERRY_REQUIRE_GPU").as_deref() != Ok("1"),
+            "CUFERRY_REQUIRE_GPU=1 but no CUDA device is usable"
+        );
+        println!("SKIP: no CUDA device");
+        return None;
+    }
+    Some(devices)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -252,21 +268,6 @@ mod tests {
         })
         .join()
         .unwrap();
-    }
-
-    /// The CUDA device count, or `None` after printing SKIP when there is none (failing
-    /// instead under `CUFERRY_REQUIRE_GPU=1`).
-    fn devices_or_skip() -> Option<u32> {
-        let devices = count().unwrap_or(0);
-        if devices == 0 {
-            assert!(
-                std::env::var("CUFERRY_REQUIRE_GPU").as_deref() != Ok("1"),
-                "CUFERRY_REQUIRE_GPU=1 but no CUDA device is usable"
-            );
-            println!("SKIP: no CUDA device");
-            return None;
-        }
-        Some(devices)
     }
 
     fn current_device() -> i32 {

@@ -1,22 +1,29 @@
-//! Buffers in the C ABI: pinned and device allocations, their queries, and copies between
-//! them (one range, or a batch).
+//! Buffers in the C ABI: pinned and device allocations, wrappers of the caller's own memory,
+//! their queries, and copies between them (one range, or a batch).
 //!
 //! Rules:
 //! - A buffer handle is borrowed shared by every call but `cuferry_buffer_free`: C may pass one
 //!   buffer to calls on several threads at once, or as both source and destination (the
 //!   copies refuse overlapping ranges before queueing anything).
 //! - C writes a buffer only through cuferry calls, which its tracker orders, or through its
-//!   pointer after `cuferry_buffer_synchronize` (the header's rule), so nothing else writes a
-//!   destination while a copy into it is queued.
+//!   pointer after `cuferry_buffer_synchronize`, so nothing else writes a destination while a
+//!   copy into it is queued.
+//! - A wrapper (`cuferry_buffer_wrap`) is the caller's memory: cuferry never frees it, and the
+//!   owner may free or reuse it once `cuferry_buffer_free` of the wrapper returned OK, which
+//!   waits for its copies first. What the memory is (device, managed, page-locked or pageable
+//!   host memory) comes from CUDA, not from the caller. A read-only wrapper is never a copy's
+//!   destination.
 
 use std::ffi::c_void;
 
 use super::{device_of, guard, handle, slice_of, write_out, CuferryStatus, CuferryStream};
 use crate::copy::{copy_range_tracked, CopyBatch, CopyRange};
-use crate::error::Error;
-use crate::memory::{DeviceBuffer, PinnedBuffer};
+use crate::error::{Error, Result};
+use crate::memory::foreign::ForeignMemory;
+use crate::memory::{DeviceBuffer, Memory, PinnedBuffer};
 
-/// A cuferry buffer: pinned host memory or device memory (opaque).
+/// A cuferry buffer: pinned host memory, device memory, or memory the caller owns and
+/// wrapped (opaque).
 pub struct CuferryBuffer {
     pub(crate) memory: BufferMemory,
 }
@@ -24,7 +31,60 @@ pub struct CuferryBuffer {
 pub(crate) enum BufferMemory {
     Pinned(PinnedBuffer<u8>),
     Device(DeviceBuffer<u8>),
+    Wrapped(ForeignMemory),
 }
+
+impl BufferMemory {
+    /// The memory, as copies read it.
+    fn source(&self) -> &dyn Memory<u8> {
+        match self {
+            BufferMemory::Pinned(p) => p,
+            BufferMemory::Device(d) => d,
+            BufferMemory::Wrapped(w) => w,
+        }
+    }
+
+    /// The memory, as copies write it: a read-only wrapper is refused.
+    fn destination(&self) -> Result<&dyn Memory<u8>> {
+        match self {
+            BufferMemory::Wrapped(w) => Ok(w.writable()?),
+            other => Ok(other.source()),
+        }
+    }
+
+    /// The first byte (NULL for an empty allocation).
+    fn as_ptr(&self) -> *mut c_void {
+        match self {
+            BufferMemory::Pinned(p) => p.as_ptr().cast_mut().cast(),
+            BufferMemory::Device(d) => d.as_ptr().cast_mut().cast(),
+            BufferMemory::Wrapped(w) => w.as_ptr().cast(),
+        }
+    }
+
+    /// Waits for every use queued on the memory.
+    fn synchronize(&self) -> Result<()> {
+        match self {
+            BufferMemory::Pinned(p) => p.synchronize(),
+            BufferMemory::Device(d) => d.synchronize(),
+            BufferMemory::Wrapped(w) => w.synchronize(),
+        }
+    }
+
+    /// Waits for the queued uses, then frees the allocation (a wrapper: unregisters what it
+    /// registered, and leaves the memory to its owner).
+    fn free(self) -> Result<()> {
+        match self {
+            BufferMemory::Pinned(p) => p.free(),
+            BufferMemory::Device(d) => d.free(),
+            BufferMemory::Wrapped(w) => w.release(),
+        }
+    }
+}
+
+/// [`cuferry_buffer_wrap`] flag: the memory is only read by cuferry. A copy into it is
+/// `CUFERRY_STATUS_INVALID_ARGUMENT`, so read-only memory (a Python `bytes`, a constant
+/// table) can be a copy's source.
+pub const CUFERRY_WRAP_READ_ONLY: u32 = 1;
 
 /// Allocates `bytes` of zeroed pinned host memory for `device` in `*out`.
 ///
@@ -70,10 +130,63 @@ pub unsafe extern "C" fn cuferry_device_alloc(
     })
 }
 
-/// Frees a buffer after the copies queued on it (NULL is a no-op). The handle is freed
-/// whatever the status: an error reports a failed wait for those copies (the memory is then
-/// leaked, since they may still use it) or a failed free, and must not be answered by freeing
-/// it again.
+/// Wraps `bytes` bytes of memory the caller owns at `ptr` as a buffer in `*out`, for copies
+/// with `device` (`CUFERRY_HOST` or a CUDA ordinal): a NumPy array, a PyTorch or CuPy tensor,
+/// a C code's own `malloc` or `cudaMalloc`. The memory is never freed by cuferry, and may be
+/// a source or (unless `flags` has [`CUFERRY_WRAP_READ_ONLY`]) a destination of
+/// [`cuferry_copy`] and [`cuferry_copy_batch`]; it is not a halo array.
+///
+/// CUDA says what the memory is, from its first and last byte, which must agree:
+/// - device or managed memory must be `device`'s (`CUFERRY_HOST` takes neither);
+/// - page-locked host memory is used as it is;
+/// - pageable host memory is page-locked for the wrapper's life when the driver allows
+///   (`cudaHostRegister`, portable), and copied at pageable speed otherwise.
+///
+/// `ptr` may be NULL only when `bytes` is 0. `flags` is 0 or [`CUFERRY_WRAP_READ_ONLY`];
+/// other bits are `CUFERRY_STATUS_INVALID_ARGUMENT`, as are a range past the end of the
+/// address space, ends in two kinds of memory or two devices, and device memory of another
+/// device.
+///
+/// [`cuferry_buffer_free`] waits for the copies queued on the wrapper and undoes its
+/// registration; only then may the owner free or reuse the memory. When that wait fails, a
+/// copy may still use the memory: keep it for good.
+///
+/// # Safety
+///
+/// `ptr..ptr+bytes` is memory of one allocation that stays allocated, in place, until the
+/// wrapper is freed; while a copy through the wrapper is queued or running, nothing else
+/// writes the memory (nor reads it while the copy writes it); `out` is NULL or valid for
+/// writing a pointer.
+#[no_mangle]
+pub unsafe extern "C" fn cuferry_buffer_wrap(
+    device: i32,
+    ptr: *mut c_void,
+    bytes: usize,
+    flags: u32,
+    out: *mut *mut CuferryBuffer,
+) -> CuferryStatus {
+    guard(|| {
+        if out.is_null() {
+            return Err(Error::invalid("out is NULL"));
+        }
+        if flags & !CUFERRY_WRAP_READ_ONLY != 0 {
+            return Err(Error::invalid(format!(
+                "flags {flags:#x}: only CUFERRY_WRAP_READ_ONLY (1) is defined"
+            )));
+        }
+        let read_only = flags & CUFERRY_WRAP_READ_ONLY != 0;
+        // SAFETY: the caller's contract on the memory, which is `wrap`'s.
+        let wrapped = unsafe { ForeignMemory::wrap(device_of(device)?, ptr.cast(), bytes, read_only) }?;
+        let memory = BufferMemory::Wrapped(wrapped);
+        // SAFETY: `out` is non-NULL and valid for writing (caller's contract).
+        unsafe { write_out(out, Box::into_raw(Box::new(CuferryBuffer { memory }))) }
+    })
+}
+
+/// Frees a buffer after the copies queued on it (NULL is a no-op; a wrapper leaves the memory
+/// to its owner, see [`cuferry_buffer_wrap`]). The handle is freed whatever the status: an
+/// error reports a failed wait for those copies (the memory is then leaked, since they may
+/// still use it) or a failed free, and must not be answered by freeing it again.
 ///
 /// # Safety
 ///
@@ -87,15 +200,12 @@ pub unsafe extern "C" fn cuferry_buffer_free(buffer: *mut CuferryBuffer) -> Cufe
         // SAFETY: a live handle from an allocation function, given up by the caller.
         let b = unsafe { Box::from_raw(buffer) };
         // Errors are returned, not also kept as drop errors.
-        match b.memory {
-            BufferMemory::Pinned(p) => p.free(),
-            BufferMemory::Device(d) => d.free(),
-        }
+        b.memory.free()
     })
 }
 
 /// The buffer's memory: a host pointer for pinned buffers, a device pointer for device
-/// buffers (NULL for a NULL handle or an empty buffer).
+/// buffers, the wrapped pointer for a wrapper (NULL for a NULL handle or an empty buffer).
 ///
 /// # Safety
 ///
@@ -103,11 +213,7 @@ pub unsafe extern "C" fn cuferry_buffer_free(buffer: *mut CuferryBuffer) -> Cufe
 #[no_mangle]
 pub unsafe extern "C" fn cuferry_buffer_ptr(buffer: *const CuferryBuffer) -> *mut c_void {
     // SAFETY: the caller's contract on `buffer`.
-    match unsafe { buffer.as_ref() } {
-        Some(CuferryBuffer { memory: BufferMemory::Pinned(p) }) => p.as_ptr().cast_mut().cast(),
-        Some(CuferryBuffer { memory: BufferMemory::Device(d) }) => d.as_ptr().cast_mut().cast(),
-        None => std::ptr::null_mut(),
-    }
+    unsafe { buffer.as_ref() }.map_or(std::ptr::null_mut(), |b| b.memory.as_ptr())
 }
 
 /// The buffer's size in bytes (0 for NULL).
@@ -118,11 +224,7 @@ pub unsafe extern "C" fn cuferry_buffer_ptr(buffer: *const CuferryBuffer) -> *mu
 #[no_mangle]
 pub unsafe extern "C" fn cuferry_buffer_size(buffer: *const CuferryBuffer) -> usize {
     // SAFETY: the caller's contract on `buffer`.
-    match unsafe { buffer.as_ref() } {
-        Some(CuferryBuffer { memory: BufferMemory::Pinned(p) }) => p.len(),
-        Some(CuferryBuffer { memory: BufferMemory::Device(d) }) => d.len(),
-        None => 0,
-    }
+    unsafe { buffer.as_ref() }.map_or(0, |b| b.memory.source().len())
 }
 
 /// Blocks until every copy queued on the buffer has finished.
@@ -134,10 +236,7 @@ pub unsafe extern "C" fn cuferry_buffer_size(buffer: *const CuferryBuffer) -> us
 pub unsafe extern "C" fn cuferry_buffer_synchronize(buffer: *const CuferryBuffer) -> CuferryStatus {
     guard(|| {
         // SAFETY: the caller's contract on `buffer`.
-        match &unsafe { handle(buffer, "buffer") }?.memory {
-            BufferMemory::Pinned(p) => p.synchronize(),
-            BufferMemory::Device(d) => d.synchronize(),
-        }
+        unsafe { handle(buffer, "buffer") }?.memory.synchronize()
     })
 }
 
@@ -163,25 +262,11 @@ pub unsafe extern "C" fn cuferry_copy(
         // refuses overlapping ranges before queueing anything).
         let (stream, src, dst) =
             unsafe { (handle(stream, "stream")?, handle(src, "source")?, handle(dst, "destination")?) };
-        let s = &stream.stream;
-        // SAFETY (each arm): C writes a buffer only through cuferry calls, which its tracker
-        // orders, or through its pointer after `cuferry_buffer_synchronize` (the header's rule),
-        // so nothing else writes the destination while the copy is queued.
-        match (&src.memory, &dst.memory) {
-            (BufferMemory::Pinned(a), BufferMemory::Pinned(b)) => unsafe {
-                copy_range_tracked(s, a, src_offset, b, dst_offset, bytes)
-            },
-            (BufferMemory::Pinned(a), BufferMemory::Device(b)) => unsafe {
-                copy_range_tracked(s, a, src_offset, b, dst_offset, bytes)
-            },
-            (BufferMemory::Device(a), BufferMemory::Pinned(b)) => unsafe {
-                copy_range_tracked(s, a, src_offset, b, dst_offset, bytes)
-            },
-            (BufferMemory::Device(a), BufferMemory::Device(b)) => unsafe {
-                copy_range_tracked(s, a, src_offset, b, dst_offset, bytes)
-            },
-        }
-        .map(drop)
+        let (from, to) = (src.memory.source(), dst.memory.destination()?);
+        // SAFETY: C writes a buffer only through cuferry calls, which its tracker orders, or
+        // through its pointer after `cuferry_buffer_synchronize` (the header's rule), so
+        // nothing else writes the destination while the copy is queued.
+        unsafe { copy_range_tracked(&stream.stream, from, src_offset, to, dst_offset, bytes) }.map(drop)
     })
 }
 
@@ -234,16 +319,11 @@ pub unsafe extern "C" fn cuferry_copy_batch(
             .try_reserve_exact(ranges.len())
             .map_err(|e| Error::out_of_memory(format!("no memory for {count} ranges: {e}")))?;
         listed.extend(ranges.iter().map(|r| CopyRange::new(r.src_offset, r.dst_offset, r.bytes)));
+        let (from, to) = (src.memory.source(), dst.memory.destination()?);
         let mut batch = CopyBatch::new(&stream.stream);
-        // SAFETY (each arm): as for `cuferry_copy`, C writes a buffer only through cuferry
-        // calls, which its tracker orders, or through its pointer after
-        // `cuferry_buffer_synchronize`.
-        match (&src.memory, &dst.memory) {
-            (BufferMemory::Pinned(a), BufferMemory::Pinned(b)) => unsafe { batch.add_tracked(a, b, &listed) },
-            (BufferMemory::Pinned(a), BufferMemory::Device(b)) => unsafe { batch.add_tracked(a, b, &listed) },
-            (BufferMemory::Device(a), BufferMemory::Pinned(b)) => unsafe { batch.add_tracked(a, b, &listed) },
-            (BufferMemory::Device(a), BufferMemory::Device(b)) => unsafe { batch.add_tracked(a, b, &listed) },
-        }?;
+        // SAFETY: as for `cuferry_copy`, C writes a buffer only through cuferry calls, which
+        // its tracker orders, or through its pointer after `cuferry_buffer_synchronize`.
+        unsafe { batch.add_tracked(from, to, &listed) }?;
         batch.submit()
     })
 }

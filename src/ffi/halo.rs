@@ -162,6 +162,9 @@ unsafe fn device_buffers<'a>(
                 CuferryBuffer { memory: BufferMemory::Pinned(_) } => {
                     Err(Error::invalid("halo arrays are device buffers (cuferry_device_alloc)"))
                 }
+                CuferryBuffer { memory: BufferMemory::Wrapped(_) } => Err(Error::invalid(
+                    "halo arrays are device buffers (cuferry_device_alloc), not wrapped memory",
+                )),
             }
         })
         .collect()

@@ -20,7 +20,8 @@
 //!   after destroying it is undefined, as in C.
 //! - Buffers keep cuferry's ordering rules: copies on one buffer run in the order queued, and
 //!   `cuferry_buffer_free` waits for queued copies before freeing. The raw pointer of a pinned
-//!   buffer may be read or written by C only after `cuferry_buffer_synchronize`. Work that
+//!   buffer, and the memory of a wrapped one (`cuferry_buffer_wrap`), may be read or written
+//!   by C only after `cuferry_buffer_synchronize`. Work that
 //!   cuferry did not queue (your kernels or copies on a buffer's memory through
 //!   `cuferry_buffer_ptr`, on any stream) is ordered with none of this: let it finish before
 //!   queueing a copy of that memory, and queue it only after the copies it depends on.

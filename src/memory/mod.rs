@@ -47,6 +47,7 @@
 pub(crate) mod allocation;
 pub(crate) mod cache;
 mod device;
+pub(crate) mod foreign;
 pub(crate) mod pageable;
 mod pinned;
 pub(crate) mod reaper;

@@ -98,6 +98,41 @@ int main(int argc, char **argv) {
       for (size_t i = 0; i < 4096; i++) wrong += b[4096 * (7 - k) + i] != s[4096 * k + 3 + i];
     CHECK(wrong == 0);
   }
+  /* The program's own malloc'd memory, wrapped: a read-only table gathered into dev2 by a
+   * batch, then copied out into a wrapped result; a copy into the read-only wrapper is
+   * refused. Freeing a wrapper waits for its copies and leaves the memory to the program. */
+  {
+    const size_t items = 16, item = 1000;
+    unsigned char *table = (unsigned char *)malloc(items * item);
+    unsigned char *result = (unsigned char *)calloc(items, item);
+    CHECK(table != NULL && result != NULL);
+    if (table == NULL || result == NULL) return 1;
+    for (size_t i = 0; i < items * item; i++) table[i] = (unsigned char)(i * 13u + 5u);
+    CuferryBuffer *from = NULL, *to = NULL;
+    OK(cuferry_buffer_wrap(device, table, items * item, CUFERRY_WRAP_READ_ONLY, &from));
+    OK(cuferry_buffer_wrap(device, result, items * item, 0, &to));
+    CHECK(cuferry_buffer_ptr(to) == result && cuferry_buffer_size(from) == items * item);
+    CuferryCopyRange gather[16];
+    for (size_t k = 0; k < items; k++) {
+      gather[k].src_offset = item * ((k * 7) % items); /* a permutation of the items */
+      gather[k].dst_offset = item * k;
+      gather[k].bytes = item;
+    }
+    OK(cuferry_copy_batch(stream, from, dev2, gather, items));
+    OK(cuferry_copy(stream, dev2, 0, to, 0, items * item));
+    CHECK(cuferry_copy(stream, to, 0, from, 0, 1) == CUFERRY_STATUS_INVALID_ARGUMENT);
+    OK(cuferry_buffer_free(from));
+    OK(cuferry_buffer_free(to));
+    size_t wrong = 0;
+    for (size_t k = 0; k < items; k++)
+      for (size_t i = 0; i < item; i++) wrong += result[item * k + i] != table[item * ((k * 7) % items) + i];
+    CHECK(wrong == 0);
+    CHECK(table[0] == 5u);
+    CHECK(cuferry_buffer_wrap(device, NULL, 8, 0, &from) == CUFERRY_STATUS_INVALID_ARGUMENT);
+    CHECK(cuferry_buffer_wrap(device, table, 8, 8, &from) == CUFERRY_STATUS_INVALID_ARGUMENT);
+    free(table);
+    free(result);
+  }
   CHECK(cuferry_copy(NULL, src, 0, back, 0, 1) == CUFERRY_STATUS_INVALID_ARGUMENT);
   CHECK(cuferry_copy(stream, NULL, 0, back, 0, 1) == CUFERRY_STATUS_INVALID_ARGUMENT);
   CHECK(cuferry_stream_create(device, NULL) == CUFERRY_STATUS_INVALID_ARGUMENT);

@@ -1,0 +1,365 @@
+//! `ForeignMemory`: memory another owner allocated (a NumPy array, a PyTorch or CuPy tensor, a
+//! C code's `cudaMalloc`), wrapped for cuferry's copies without taking ownership. The C ABI's
+//! `cuferry_buffer_wrap` is built on it.
+//!
+//! Rules:
+//! - The wrapper never frees the memory. Its owner keeps it allocated, in place, until the
+//!   wrapper is released ([`ForeignMemory::release`] or drop), which first waits for every
+//!   use queued through the wrapper. When that wait fails, a queued copy may still use the
+//!   memory, and the owner must never free it (a registration made here stays with it).
+//! - What the memory is comes from CUDA (`cudaPointerGetAttributes` of its first and last
+//!   byte), not from the caller. The two ends must agree on the kind and the device: a range
+//!   running off its allocation into unmapped or other memory is refused (a range across two
+//!   adjacent allocations of one kind and device cannot be told apart, and is the caller's to
+//!   avoid).
+//! - For a CUDA device: device memory must be that device's; managed memory too; page-locked
+//!   host memory is used as it is; pageable host memory is page-locked with `cudaHostRegister`
+//!   (portable) for the wrapper's life when the driver allows, and stays pageable when it
+//!   refuses ("already registered", "not supported"), as for
+//!   [`HostRegistration`](super::HostRegistration). Other registration errors are returned.
+//! - For the host backend the memory is host memory, pageable or (when CUDA says so)
+//!   page-locked. CUDA is asked only when a primary context is active in the process (without
+//!   one no CUDA allocation exists, and asking would create one); device and managed memory
+//!   are refused there.
+//! - A read-only wrapper is never a copy's destination: [`ForeignMemory::writable`] refuses it.
+//! - Uses through the wrapper are ordered by its tracker, as for every cuferry buffer. Uses the
+//!   tracker does not see (the owner's own kernels and copies, another wrapper over the same
+//!   memory) are the caller's to order against them.
+
+use std::os::raw::c_void;
+
+use super::sealed::{RawParts, Sealed};
+use super::tracker::UseTracker;
+use super::{Memory, MemoryKind};
+use crate::cuda::device::{active_device, ensure_context, make_current};
+use crate::cuda::memory::{self as raw, PointerType};
+use crate::device::Device;
+use crate::error::{record_drop_error, Error, Result};
+
+/// Caller memory used by cuferry's copies. See the [module docs](self).
+#[derive(Debug)]
+pub(crate) struct ForeignMemory {
+    ptr: *mut u8,
+    bytes: usize,
+    kind: MemoryKind,
+    read_only: bool,
+    /// The device the wrapper registered the memory with, until it unregisters it.
+    registered: Option<u32>,
+    /// Set by the first release: the memory is no longer the wrapper's to wait for.
+    released: bool,
+    tracker: UseTracker,
+}
+
+// SAFETY: the memory is the caller's, valid until the wrapper is released (the contract of
+// `wrap`); every access through the wrapper is ordered by its tracker, which is thread-safe.
+unsafe impl Send for ForeignMemory {}
+// SAFETY: as above; shared access reads the fields and uses the tracker's mutex.
+unsafe impl Sync for ForeignMemory {}
+
+impl ForeignMemory {
+    /// Wraps `bytes` bytes at `ptr` for copies with `device` (a NULL `ptr` only with 0 bytes).
+    ///
+    /// # Errors
+    ///
+    /// As [`Device::check_available`]; [`Error::InvalidArgument`] for a NULL `ptr` with bytes,
+    /// a range past the end of the address space or larger than `isize::MAX`, ends of two
+    /// kinds or devices, device or managed memory of another device (or for the host
+    /// backend); CUDA errors of the probe and of `cudaHostRegister` (see the module rules).
+    ///
+    /// # Safety
+    ///
+    /// 1. `ptr..ptr+bytes` is memory of the kind CUDA reports that stays allocated, in place,
+    ///    until the wrapper is released (after a failed release: for good).
+    /// 2. While a use queued through the wrapper runs, nothing outside its tracker writes
+    ///    the memory, nor reads it while that use writes it.
+    pub(crate) unsafe fn wrap(device: Device, ptr: *mut u8, bytes: usize, read_only: bool) -> Result<Self> {
+        device.check_available()?;
+        if ptr.is_null() && bytes > 0 {
+            return Err(Error::invalid(format!("a NULL pointer with {bytes} bytes")));
+        }
+        if bytes > isize::MAX as usize || (ptr as usize).checked_add(bytes).is_none() {
+            return Err(Error::invalid(format!("{ptr:p}..+{bytes} runs past the end of the address space")));
+        }
+        let mut memory = ForeignMemory {
+            ptr,
+            bytes,
+            kind: MemoryKind::Pageable,
+            read_only,
+            registered: None,
+            released: false,
+            tracker: UseTracker::default(),
+        };
+        if bytes == 0 {
+            return Ok(memory);
+        }
+        let (found, owner) = probe(device, ptr, bytes)?;
+        memory.kind = match (device, found) {
+            (Device::Cuda(i), PointerType::Unregistered) => {
+                // SAFETY: precondition 1: the range stays allocated and in place until
+                // `release` unregisters it.
+                if unsafe { raw::host_register_if_allowed(i, ptr.cast::<c_void>(), bytes) }? {
+                    memory.registered = Some(i);
+                    MemoryKind::Pinned
+                } else {
+                    MemoryKind::Pageable
+                }
+            }
+            (Device::Host, PointerType::Unregistered) => MemoryKind::Pageable,
+            (_, PointerType::Host) => MemoryKind::Pinned,
+            (Device::Cuda(i), PointerType::Device | PointerType::Managed) if owner == i as i32 => {
+                if found == PointerType::Device {
+                    MemoryKind::Device(device)
+                } else {
+                    MemoryKind::Managed(device)
+                }
+            }
+            (_, PointerType::Device | PointerType::Managed) => {
+                return Err(Error::invalid(format!(
+                    "{ptr:p}..+{bytes} is {found:?} memory of cuda:{owner}: wrap it for that device, not {device}"
+                )))
+            }
+        };
+        Ok(memory)
+    }
+
+    /// The first byte.
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// Whether the wrapper page-locked the memory itself (and unregisters it on release).
+    #[cfg(test)]
+    pub(crate) fn is_registered(&self) -> bool {
+        self.registered.is_some()
+    }
+
+    /// The wrapper as a copy destination: [`Error::InvalidArgument`] when it is read-only.
+    pub(crate) fn writable(&self) -> Result<&Self> {
+        if self.read_only {
+            return Err(Error::invalid(format!(
+                "the {} bytes at {:p} were wrapped read-only: they are never a copy's destination",
+                self.bytes, self.ptr
+            )));
+        }
+        Ok(self)
+    }
+
+    /// Blocks until every use queued through the wrapper has finished.
+    ///
+    /// # Errors
+    ///
+    /// CUDA errors of `cudaEventSynchronize`.
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        self.tracker.wait_idle()
+    }
+
+    /// Waits for the queued uses and unregisters what the wrapper registered; the memory
+    /// stays the owner's.
+    ///
+    /// # Errors
+    ///
+    /// CUDA errors of the wait (the memory must then be kept for good: a use may still run)
+    /// or of `cudaHostUnregister`.
+    pub(crate) fn release(mut self) -> Result<()> {
+        self.release_once()
+    }
+
+    fn release_once(&mut self) -> Result<()> {
+        if std::mem::replace(&mut self.released, true) {
+            return Ok(());
+        }
+        if let Some(i) = self.registered {
+            // The unregister makes the device current anyway; first, so that the wait on a
+            // thread with no current device does not create a context on device 0.
+            let _ = ensure_context(i);
+        }
+        // A failed wait keeps the registration: the memory stays the owner's, and a copy may
+        // still read or write it through the registered pages.
+        self.tracker.wait_idle()?;
+        if let Some(i) = self.registered.take() {
+            // SAFETY: registered in `wrap`; no queued use is left.
+            unsafe { raw::host_unregister(i, self.ptr.cast::<c_void>()) }?;
+        }
+        Ok(())
+    }
+}
+
+/// What CUDA says `ptr..ptr+bytes` is (`bytes` > 0), and its device: both ends must agree.
+fn probe(device: Device, ptr: *mut u8, bytes: usize) -> Result<(PointerType, i32)> {
+    match device {
+        Device::Cuda(i) => make_current(i)?,
+        Device::Host => match active_device() {
+            Ok(Some(i)) => ensure_context(i)?,
+            // No context in the process (or no CUDA in the build): no CUDA allocation exists.
+            _ => return Ok((PointerType::Unregistered, -1)),
+        },
+    }
+    let last = ptr.wrapping_add(bytes - 1);
+    let (first, at_end) = (raw::pointer_type(ptr.cast())?, raw::pointer_type(last.cast())?);
+    if first != at_end {
+        return Err(Error::invalid(format!(
+            "{ptr:p}..+{bytes} starts in {:?} memory of device {} but ends in {:?} memory of device {}: \
+             one wrapper covers one allocation",
+            first.0, first.1, at_end.0, at_end.1
+        )));
+    }
+    Ok(first)
+}
+
+impl Drop for ForeignMemory {
+    fn drop(&mut self) {
+        if let Err(err) = self.release_once() {
+            record_drop_error(err);
+        }
+    }
+}
+
+impl Sealed for ForeignMemory {
+    fn raw_parts(&self) -> RawParts<'_> {
+        RawParts { ptr: self.ptr, bytes: self.bytes, tracker: &self.tracker }
+    }
+}
+
+impl Memory<u8> for ForeignMemory {
+    fn len(&self) -> usize {
+        self.bytes
+    }
+
+    fn kind(&self) -> MemoryKind {
+        self.kind
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::copy::{copy, copy_range};
+    use crate::cuda::device::devices_or_skip;
+    use crate::memory::{DeviceBuffer, PinnedBuffer};
+    use crate::stream::test_gate::Gate;
+    use crate::stream::Stream;
+
+    /// Wraps `data` (kept alive by the caller) for `device`.
+    fn wrap_vec(device: Device, data: &mut [u8], read_only: bool) -> Result<ForeignMemory> {
+        // SAFETY: the tests keep `data` alive and untouched until the wrapper is released.
+        unsafe { ForeignMemory::wrap(device, data.as_mut_ptr(), data.len(), read_only) }
+    }
+
+    /// Releasing the wrapper waits for a copy into the memory that is queued behind a closed
+    /// gate: after `release` the copy has run and the bytes are there. Without the wait the
+    /// owner would be handed its memory while a copy still writes it.
+    #[test]
+    fn release_waits_for_a_queued_copy_into_the_memory() {
+        let stream = Stream::new(Device::Host).unwrap();
+        let src = DeviceBuffer::from_slice(&stream, &[7u8; 4096]).unwrap();
+        let mut data = vec![0u8; 4096];
+        let mut wrapped = wrap_vec(Device::Host, &mut data, false).unwrap();
+        assert_eq!(wrapped.kind(), MemoryKind::Pageable);
+        let gate = Gate::hold(&stream);
+        copy(&stream, &src, &mut wrapped).unwrap();
+        let opener = gate.open_after(Duration::from_millis(50));
+        wrapped.release().unwrap();
+        assert!(gate.passed(), "release returned before the queued copy ran");
+        opener.join().unwrap();
+        assert!(data.iter().all(|&b| b == 7));
+    }
+
+    /// The same wait when the wrapper is dropped instead of released.
+    #[test]
+    fn drop_waits_for_a_queued_copy_from_the_memory() {
+        let stream = Stream::new(Device::Host).unwrap();
+        let mut data: Vec<u8> = (0..=255).collect();
+        let mut dst = DeviceBuffer::<u8>::zeroed(&stream, 256).unwrap();
+        let wrapped = wrap_vec(Device::Host, &mut data, true).unwrap();
+        let gate = Gate::hold(&stream);
+        copy(&stream, &wrapped, &mut dst).unwrap();
+        let opener = gate.open_after(Duration::from_millis(50));
+        drop(wrapped);
+        assert!(gate.passed(), "drop returned before the queued copy ran");
+        opener.join().unwrap();
+        assert_eq!(dst.to_vec(&stream).unwrap(), data);
+    }
+
+    #[test]
+    fn bad_ranges_are_refused_before_anything_is_asked() {
+        let refused = |ptr: *mut u8, bytes| {
+            // SAFETY: each is refused before the memory is touched or registered.
+            match unsafe { ForeignMemory::wrap(Device::Host, ptr, bytes, false) } {
+                Err(Error::InvalidArgument { what }) => what,
+                other => panic!("{ptr:p}+{bytes}: expected InvalidArgument, got {other:?}"),
+            }
+        };
+        assert!(refused(std::ptr::null_mut(), 1).contains("NULL"));
+        assert!(refused(usize::MAX as *mut u8, 2).contains("address space"));
+        assert!(refused(8 as *mut u8, isize::MAX as usize + 1).contains("address space"));
+        // SAFETY: nothing to keep alive: no bytes.
+        let empty = unsafe { ForeignMemory::wrap(Device::Host, std::ptr::null_mut(), 0, false) }.unwrap();
+        assert_eq!((empty.len(), empty.kind()), (0, MemoryKind::Pageable));
+        empty.release().unwrap();
+    }
+
+    #[test]
+    fn a_read_only_wrapper_is_no_destination() {
+        let mut data = vec![1u8; 8];
+        let wrapped = wrap_vec(Device::Host, &mut data, true).unwrap();
+        assert!(
+            matches!(wrapped.writable(), Err(Error::InvalidArgument { what }) if what.contains("read-only"))
+        );
+        drop(wrapped);
+        let wrapped = wrap_vec(Device::Host, &mut data, false).unwrap();
+        assert!(wrapped.writable().is_ok());
+    }
+
+    /// On CUDA: pageable memory is registered for the wrapper's life (and unregistered by
+    /// its release), pinned memory is taken as it is, device memory as the device's, and the
+    /// host backend refuses device memory. Copies through each kind carry the bytes.
+    #[test]
+    fn cuda_says_what_the_memory_is() {
+        if devices_or_skip().is_none() {
+            return;
+        }
+        let device = Device::Cuda(0);
+        let stream = Stream::new(device).unwrap();
+        let pattern: Vec<u8> = (0..1 << 20).map(|i: u32| (i * 7 + 3) as u8).collect();
+
+        let mut pageable = pattern.clone();
+        let wrapped = wrap_vec(device, &mut pageable, true).unwrap();
+        assert_eq!(wrapped.kind(), MemoryKind::Pinned);
+        assert!(wrapped.is_registered());
+        let mut on_device = DeviceBuffer::<u8>::zeroed(&stream, pattern.len()).unwrap();
+        copy(&stream, &wrapped, &mut on_device).unwrap();
+        wrapped.release().unwrap();
+        assert_eq!(raw::pointer_type(pageable.as_ptr().cast()).unwrap().0, PointerType::Unregistered);
+
+        let pinned = PinnedBuffer::<u8>::zeroed(device, pattern.len()).unwrap();
+        // SAFETY: `pinned` outlives the wrapper, and nothing else uses it meanwhile.
+        let mut wrapped_pinned =
+            unsafe { ForeignMemory::wrap(device, pinned.as_ptr().cast_mut(), pattern.len(), false) }.unwrap();
+        assert_eq!(wrapped_pinned.kind(), MemoryKind::Pinned);
+        assert!(!wrapped_pinned.is_registered());
+        // SAFETY: `on_device` outlives the wrapper; it is only read meanwhile.
+        let wrapped_device =
+            unsafe { ForeignMemory::wrap(device, on_device.as_ptr().cast_mut(), pattern.len(), true) }
+                .unwrap();
+        assert_eq!(wrapped_device.kind(), MemoryKind::Device(device));
+        on_device.synchronize().unwrap(); // the wrapper's tracker does not see the copy above
+        copy_range(&stream, &wrapped_device, 0, &mut wrapped_pinned, 0, pattern.len()).unwrap();
+        wrapped_pinned.release().unwrap();
+        wrapped_device.release().unwrap();
+        assert_eq!(pinned.as_slice().unwrap(), &pattern[..]);
+
+        // SAFETY: refused before anything uses the memory.
+        let host = unsafe { ForeignMemory::wrap(Device::Host, on_device.as_ptr().cast_mut(), 16, false) };
+        assert!(matches!(&host, Err(Error::InvalidArgument { what }) if what.contains("cuda:0")), "{host:?}");
+        // A range from pinned memory into what follows it is two kinds of memory.
+        let end = pinned.as_ptr().wrapping_add(pattern.len() - 1).cast_mut();
+        // SAFETY: refused before anything uses the memory.
+        let spanning = unsafe { ForeignMemory::wrap(device, end, 1 << 30, false) };
+        assert!(
+            matches!(&spanning, Err(Error::InvalidArgument { what }) if what.contains("ends in")),
+            "{spanning:?}"
+        );
+    }
+}
