@@ -62,6 +62,7 @@ import weakref
 __all__ = [
     "HOST", "CuferryError", "WouldBlock", "Timeout", "Closed", "OutOfMemory", "AllocationFailed",
     "ManagedOutOfMemory", "Library", "load", "HaloExchange", "HaloPacker", "ManagedAllocation",
+    "WrappedBuffer",
 ]
 
 HOST = -1
@@ -414,6 +415,18 @@ class Library:
             count,
         )
 
+    def wrap(self, device, obj, read_only=None):
+        """`obj`'s own memory as a `Buffer` for copies with `device`, without copying it:
+        host memory through the buffer protocol (bytes, bytearray, array.array, a C-contiguous
+        numpy array), or device memory through `__cuda_array_interface__` (a CuPy array, a
+        PyTorch CUDA tensor), C-contiguous. The buffer holds `obj` (a host object cannot be
+        resized meanwhile) until `free()`, which waits for the copies queued on it.
+        `read_only` (default: what `obj` says) makes copies into it an error. Pageable host
+        memory is page-locked while wrapped when the driver allows. Work on the memory that
+        cuferry did not queue (the owner's kernels on its own stream) is not ordered with
+        cuferry's copies: let it finish first (or make a cuferry stream wait for it)."""
+        return WrappedBuffer(self, device, obj, read_only)
+
     def ring(self, device, depth, slot_bytes, fill_threads=4):
         """A slot ring of `depth` slots of `slot_bytes` uploading to `device`; `fill_threads`
         (at least 1) threads fill slots from pageable memory in `Ring.produce`."""
@@ -636,7 +649,8 @@ class Stream(_Handle):
 
 
 class Buffer(_Handle):
-    """Pinned host or device memory (`cuferry_pinned_alloc`, `cuferry_device_alloc`)."""
+    """Pinned host or device memory (`cuferry_pinned_alloc`, `cuferry_device_alloc`), or an
+    object's own memory (`WrappedBuffer`, from `Library.wrap`)."""
 
     _free = "cuferry_buffer_free"
 
@@ -679,6 +693,86 @@ class Buffer(_Handle):
         nbytes = self.size - offset if nbytes is None else nbytes
         address = self._host_range(offset, nbytes)
         return b"" if address is None else ctypes.string_at(address, nbytes)
+
+
+# Wrapped memory whose wrapper could not be freed (a queued copy may still use it): held for
+# good, so that Python never frees or resizes it.
+_KEPT_FOREVER = []
+
+
+def _cuda_array(obj):
+    """(address, nbytes, read_only) of a C-contiguous `__cuda_array_interface__` object."""
+    face = obj.__cuda_array_interface__
+    shape, (address, read_only) = tuple(face["shape"]), face["data"]
+    itemsize = int(face["typestr"][2:])
+    nbytes = math.prod(shape) * itemsize
+    strides, expected = face.get("strides"), []
+    if strides is not None:
+        step = itemsize
+        for extent in reversed(shape):
+            expected.insert(0, step)
+            step *= extent
+        if nbytes and any(s != e for s, e, n in zip(strides, expected, shape) if n > 1):
+            raise ValueError(f"wrap: a CUDA array of strides {tuple(strides)} is not C-contiguous")
+    if face.get("mask") is not None:
+        raise ValueError("wrap: a masked CUDA array")
+    return address or None, nbytes, bool(read_only)
+
+
+class WrappedBuffer(Buffer):
+    """Memory an object owns, wrapped by `Library.wrap` (`cuferry_buffer_wrap`): a `Buffer`
+    for copies that holds its object until `free()`."""
+
+    def __init__(self, lib, device, obj, read_only):
+        # Set first: a refused wrap leaves an object whose collection frees nothing.
+        self.lib, self.handle, self._owner, self._view = lib, None, obj, None
+        if hasattr(obj, "__cuda_array_interface__"):
+            address, nbytes, exported_read_only = _cuda_array(obj)
+            host_readable = False
+        else:
+            if _BUFFER_API is None:
+                raise RuntimeError("wrap: this Python has no buffer API to hold host memory with")
+            view = _PyBuffer()
+            writable = read_only is False
+            _BUFFER_API[0](obj, ctypes.byref(view), _PYBUF_SIMPLE | (1 if writable else 0))
+            self._view = view
+            address, nbytes, exported_read_only = view.buf, view.len, bool(view.readonly)
+            host_readable = True
+        self.read_only = exported_read_only if read_only is None else bool(read_only)
+        if exported_read_only and not self.read_only:
+            self._let_go()
+            raise ValueError("wrap: the memory is read-only, so it can only be wrapped read_only")
+        flags = lib.const.CUFERRY_WRAP_READ_ONLY if self.read_only else 0
+        out = ctypes.c_void_p()
+        try:
+            lib.call("cuferry_buffer_wrap", device, address, nbytes, flags, ctypes.byref(out))
+        except BaseException:
+            self._let_go()
+            raise
+        super().__init__(lib, out, host_readable)
+
+    def free(self):
+        """Waits for the copies queued on the wrapper and lets go of the object; idempotent.
+        When the wait fails, the object is held for good (a copy may still use its memory)
+        and the error is raised."""
+        try:
+            super().free()
+        except BaseException:
+            _KEPT_FOREVER.append((self._view, self._owner))
+            self._view = self._owner = None
+            raise
+        self._let_go()
+
+    def _let_go(self):
+        view, self._view, self._owner = self._view, None, None
+        if view is not None:
+            _BUFFER_API[1](ctypes.byref(view))
+
+    def write(self, data, offset=0):
+        """As `Buffer.write`; a read-only wrapper raises ValueError."""
+        if self.read_only:
+            raise ValueError("wrap: this memory was wrapped read-only")
+        super().write(data, offset)
 
 
 class RingSlot(_Owned):

@@ -93,6 +93,53 @@ with lib.stream(device) as stream, lib.pinned(device, n) as src, lib.device_buff
             raise AssertionError(f"the batch {bad} was accepted")
         except kind as e:
             assert kind is ValueError or e.name == "CUFERRY_STATUS_INVALID_ARGUMENT", e
+# Python objects' own memory, wrapped (no copy into pinned memory first): a replay store in
+# bytes (read-only) gathered into device memory by one batch and copied out into a
+# bytearray, which cannot resize while wrapped and can again once the wrapper is freed.
+items, item = 64, 1000
+store = bytes((i * 7 + 1) % 253 for i in range(items * item))
+picked = [(k * 5) % items for k in range(16)]
+out = bytearray(16 * item)
+with lib.stream(device) as stream, lib.device_buffer(stream, 16 * item) as dev:
+    source, target = lib.wrap(device, store), lib.wrap(device, out)
+    assert source.read_only and not target.read_only and source.size == len(store), (source, target)
+    try:
+        out.append(0)
+        raise AssertionError("a wrapped bytearray was resized")
+    except BufferError:
+        pass
+    lib.copy_batch(stream, source, dev, [(i * item, k * item, item) for k, i in enumerate(picked)])
+    lib.copy(stream, dev, target, 16 * item)
+    for call, kind in ((lambda: lib.copy(stream, target, source, 1), cuferry.CuferryError),
+                       (lambda: source.write(b"x"), ValueError),
+                       (lambda: lib.wrap(device, store, read_only=False), BufferError)):
+        try:
+            call()
+            raise AssertionError("read-only memory was written, or wrapped writable")
+        except kind:
+            pass
+    source.free()
+    target.free()  # waits for the copy into `out`
+    out.append(0)
+    assert bytes(out[:16 * item]) == b"".join(store[i * item:(i + 1) * item] for i in picked), "gather differs"
+    # An object with `__cuda_array_interface__` (here the device buffer's own memory, host
+    # memory on the host backend): wrapped as the device's memory, C-contiguous only.
+    dev.synchronize()
+
+    class Face:
+        def __init__(self, ptr, nbytes, strides=None):
+            self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, True),
+                                             "strides": strides, "version": 3}
+
+    with lib.wrap(device, Face(dev.ptr, 16 * item)) as face, lib.pinned(device, 16 * item) as back:
+        assert face.read_only and face.ptr == dev.ptr
+        lib.copy(stream, face, back, 16 * item)
+        assert back.read() == bytes(out[:16 * item]), "the wrapped device memory reads differently"
+    try:
+        lib.wrap(device, Face(dev.ptr, 8, strides=(2,)))
+        raise AssertionError("a strided CUDA array was wrapped")
+    except ValueError as e:
+        assert "contiguous" in str(e), e
 # Memory that fits nowhere raises OutOfMemory, its own status (host memory on the host
 # backend; cudaHostAlloc's cudaErrorMemoryAllocation on CUDA).
 try:
