@@ -39,8 +39,8 @@
  * - A wrapper (`cuferry_buffer_wrap`) is the caller's memory: cuferry never frees it, and the
  *   owner may free or reuse it once `cuferry_buffer_free` of the wrapper returned OK, which
  *   waits for its copies first. What the memory is (device, managed, page-locked or pageable
- *   host memory) comes from CUDA, not from the caller. A read-only wrapper is never a copy's
- *   destination.
+ *   host memory) comes from CUDA, not from the caller. A read-only wrapper is never written
+ *   (a copy's destination, an unpacked halo array).
  *
  * Rings (src/ffi/ring.rs):
  * - Ring calls are thread-safe: one thread may produce while others consume. A slot or item
@@ -67,8 +67,12 @@
  *   (rotations included). Vector quantities, which negate components, are for the Rust API.
  *   The exchanges of one packer share one `element_size`; arrays of several element sizes
  *   take one packer each.
- * - Arrays are device buffers (`cuferry_device_alloc`) of the packer's device, one per
- *   exchange, in exchange order; their size must cover the exchange's strided extent.
+ * - Arrays are buffers the packer reaches, one per exchange, in exchange order: on a CUDA
+ *   device its device buffers (`cuferry_device_alloc`) and wrapped device or managed memory
+ *   of it (`cuferry_buffer_wrap`: a code's own fields, no copy first); on the host backend
+ *   any buffer. Their size must cover the exchange's strided extent, and their addresses
+ *   suit the element size (the kernel moves whole elements). A read-only wrapper is packed
+ *   from, never unpacked into.
  * - Packing and unpacking are queued on the packer's stream; `cuferry_halo_pack_buffer` and
  *   `cuferry_halo_unpack_buffer` wait for it and return the buffer's address and size.
  * - The packer's stream is ordered after cuferry's own work on the arrays (copies through
@@ -152,9 +156,9 @@
 #define CUFERRY_HOST_WAIT_BLOCK 4
 
 /**
- * [`cuferry_buffer_wrap`] flag: the memory is only read by cuferry. A copy into it is
- * `CUFERRY_STATUS_INVALID_ARGUMENT`, so read-only memory (a Python `bytes`, a constant
- * table) can be a copy's source.
+ * [`cuferry_buffer_wrap`] flag: the memory is only read by cuferry. A copy into it, or a halo
+ * unpack, is `CUFERRY_STATUS_INVALID_ARGUMENT`, so read-only memory (a Python `bytes`, a
+ * constant table) can be a copy's source.
  */
 #define CUFERRY_WRAP_READ_ONLY 1
 
@@ -583,7 +587,8 @@ enum CuferryStatus cuferry_device_alloc(const struct CuferryStream *stream,
  * with `device` (`CUFERRY_HOST` or a CUDA ordinal): a NumPy array, a PyTorch or CuPy tensor,
  * a C code's own `malloc` or `cudaMalloc`. The memory is never freed by cuferry, and may be
  * a source or (unless `flags` has [`CUFERRY_WRAP_READ_ONLY`]) a destination of
- * [`cuferry_copy`] and [`cuferry_copy_batch`]; it is not a halo array.
+ * [`cuferry_copy`] and [`cuferry_copy_batch`], and a halo array (`cuferry_halo_pack`, and
+ * unless read-only `cuferry_halo_unpack`).
  *
  * CUDA says what the memory is, from its first and last byte, which must agree:
  * - device or managed memory must be `device`'s (`CUFERRY_HOST` takes neither);
@@ -718,8 +723,8 @@ enum CuferryStatus cuferry_halo_packer_destroy(struct CuferryHaloPacker *packer)
  *
  * # Safety
  *
- * `packer` is NULL or live; `arrays` holds `n` live device-buffer handles, untouched by C until
- * the pack finished.
+ * `packer` is NULL or live; `arrays` holds `n` live buffer handles, untouched by C until the
+ * pack finished.
  */
 enum CuferryStatus cuferry_halo_pack(struct CuferryHaloPacker *packer,
                                      const struct CuferryBuffer *const *arrays,

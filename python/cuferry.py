@@ -25,8 +25,9 @@ Rules:
   holds memory that may change across a pull (bytes are read in place; other buffers are
   copied under 1 MiB, or read in place and published before the next pull); every exception
   it raises carries `published`.
-- Halo packers (`Library.halo_packer`) take `HaloExchange` descriptions and `Buffer`s from
-  `device_buffer`, one per exchange; a description is checked here (dims, negative values,
+- Halo packers (`Library.halo_packer`) take `HaloExchange` descriptions and `Buffer`s the
+  packer reaches, one per exchange (from `device_buffer`, or `wrap` of the device's own
+  memory; any buffer on the host backend); a description is checked here (dims, negative values,
   ranges of step 1) and then by the library, whose message names the problem.
 - Managed memory (`Library.managed_alloc`, `prefetch`, `prefetch_batch`, `advise`) names
   streams as None (the legacy default stream), a `Stream`, or a raw `cudaStream_t` int

@@ -2,33 +2,13 @@
 //! out-parameters are written only on success, and no call aborts the process, even from a
 //! C library's thread-exit cleanup.
 
+mod common;
+
 use std::ffi::{c_void, CStr};
 use std::ptr;
 
+use common::exchange_1d;
 use cuferry::ffi::*;
-
-/// Eight `f32` in one dim; pack elements 0..2, unpack into 6..8.
-fn exchange_1d() -> CuferryHaloExchange {
-    let zeros = [0usize; CUFERRY_HALO_MAX_DIMS];
-    let mut e = CuferryHaloExchange {
-        element_size: 4,
-        ndim: 1,
-        shape: zeros,
-        strides: zeros,
-        x_dim: -1,
-        y_dim: -1,
-        pack_start: zeros,
-        pack_end: zeros,
-        rotation: 0,
-        unpack_start: zeros,
-        unpack_end: zeros,
-    };
-    e.shape[0] = 8;
-    e.pack_end[0] = 2;
-    e.unpack_start[0] = 6;
-    e.unpack_end[0] = 8;
-    e
-}
 
 #[test]
 fn halo_buffer_queries_write_nothing_when_they_fail() {
@@ -59,35 +39,42 @@ fn halo_buffer_queries_write_nothing_when_they_fail() {
     assert_eq!(unsafe { cuferry_halo_packer_destroy(packer) }, CuferryStatus::Ok);
 }
 
-/// A wrapper of caller memory is no halo array: the pack is refused with a message naming
-/// it, and the memory is left as it was.
+/// A wrapper of the caller's own memory is a halo array: packed from (read-only too), and
+/// unpacked into unless read-only, which is refused with the memory left as it was.
 #[test]
-fn halo_packers_refuse_wrapped_arrays() {
+fn halo_packers_take_wrapped_arrays() {
     let exchange = exchange_1d();
     let mut packer: *mut CuferryHaloPacker = ptr::null_mut();
-    let mut data = vec![0x3cu8; 32];
-    let mut wrapped: *mut CuferryBuffer = ptr::null_mut();
-    // SAFETY: one valid exchange; `data` outlives the wrapper; writable out-parameters.
+    let mut field: Vec<f32> = (0..8).map(|i| i as f32 + 0.5).collect();
+    let mut constant = field.clone();
+    let (mut writable, mut read_only): (*mut CuferryBuffer, *mut CuferryBuffer) =
+        (ptr::null_mut(), ptr::null_mut());
+    // SAFETY: one valid exchange; both vectors outlive their wrappers; writable out-parameters.
     unsafe {
         assert_eq!(cuferry_halo_packer_create(CUFERRY_HOST, &exchange, 1, &mut packer), CuferryStatus::Ok);
+        let (w, r) = (field.as_mut_ptr().cast(), constant.as_mut_ptr().cast());
+        assert_eq!(cuferry_buffer_wrap(CUFERRY_HOST, w, 32, 0, &mut writable), CuferryStatus::Ok);
         assert_eq!(
-            cuferry_buffer_wrap(CUFERRY_HOST, data.as_mut_ptr().cast(), 32, 0, &mut wrapped),
+            cuferry_buffer_wrap(CUFERRY_HOST, r, 32, CUFERRY_WRAP_READ_ONLY, &mut read_only),
             CuferryStatus::Ok
         );
     }
-    let arrays = [wrapped.cast_const()];
-    // SAFETY: a live packer and one live handle.
-    let status = unsafe { cuferry_halo_pack(packer, arrays.as_ptr(), 1) };
-    // SAFETY: the function always returns a NUL-terminated string.
-    let message = unsafe { CStr::from_ptr(cuferry_last_error_message()) }.to_string_lossy().into_owned();
-    assert_eq!(status, CuferryStatus::InvalidArgument, "{message}");
-    assert!(message.contains("wrapped"), "{message}");
-    // SAFETY: live handles, not used again.
+    let (writable_list, read_only_list) = ([writable.cast_const()], [read_only.cast_const()]);
+    // SAFETY: a live packer and live handles; the memory is read only after the frees below.
     unsafe {
-        assert_eq!(cuferry_buffer_free(wrapped), CuferryStatus::Ok);
+        assert_eq!(cuferry_halo_pack(packer, read_only_list.as_ptr(), 1), CuferryStatus::Ok);
+        assert_eq!(cuferry_halo_loopback(packer), CuferryStatus::Ok);
+        assert_eq!(cuferry_halo_unpack(packer, read_only_list.as_ptr(), 1), CuferryStatus::InvalidArgument);
+        let message = CStr::from_ptr(cuferry_last_error_message()).to_string_lossy().into_owned();
+        assert!(message.contains("read-only"), "{message}");
+        assert_eq!(cuferry_halo_unpack(packer, writable_list.as_ptr(), 1), CuferryStatus::Ok);
+        assert_eq!(cuferry_buffer_free(writable), CuferryStatus::Ok);
+        assert_eq!(cuferry_buffer_free(read_only), CuferryStatus::Ok);
         assert_eq!(cuferry_halo_packer_destroy(packer), CuferryStatus::Ok);
     }
-    assert!(data.iter().all(|&b| b == 0x3c));
+    // Elements 0..2 packed from the read-only copy, unpacked into 6..8 of the field.
+    assert_eq!(field, [0.5, 1.5, 2.5, 3.5, 4.5, 5.5, 0.5, 1.5]);
+    assert_eq!(constant, [0.5, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5, 7.5]);
 }
 
 /// A C library's pthread key destructor, run at thread exit after Rust's thread-locals are

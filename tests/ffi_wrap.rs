@@ -228,10 +228,66 @@ fn device_memory_is_wrapped_for_its_device_only(device: Device) {
     ok(unsafe { cuferry_stream_destroy(s) }, "stream_destroy");
 }
 
+/// A code's own fields as halo arrays, no copy into cuferry buffers first: on CUDA memory it
+/// allocated on the device (here a device buffer's, through its pointer), on the host backend
+/// a `Vec`. Elements 0..2 of one field packed, looped back and unpacked into 6..8 of another.
+fn own_fields_are_halo_arrays(device: Device) {
+    let s = stream(device);
+    let values: Vec<f32> = (0..8).map(|i| i as f32 * 1.25).collect();
+    let (mut host_a, mut host_b) = (values.clone(), vec![0f32; 8]);
+    let mut allocations = Vec::new();
+    let mut field = |host: &mut Vec<f32>| -> *mut c_void {
+        if device.is_host() {
+            return host.as_mut_ptr().cast();
+        }
+        let allocation = device_buffer(s, 32);
+        let staging = wrap(Device::Host, bytemuck::cast_slice_mut(host), 0);
+        // SAFETY: live handles; the copy is waited for by the staging wrapper's free.
+        unsafe { ok(cuferry_copy(s, staging, 0, allocation, 0, 32), "fill") };
+        free(staging);
+        allocations.push(allocation);
+        // SAFETY: a live handle; its copy finished (the staging free waited for it).
+        unsafe { cuferry_buffer_ptr(allocation) }
+    };
+    let (raw_a, raw_b) = (field(&mut host_a), field(&mut host_b));
+    let (mut a, mut b, mut packer) = (ptr::null_mut(), ptr::null_mut(), ptr::null_mut());
+    let exchange = common::exchange_1d();
+    // SAFETY: the fields outlive their wrappers; cuferry's own copies into them have finished;
+    // every out-parameter is writable; the packer and handles are live where used.
+    unsafe {
+        ok(cuferry_buffer_wrap(ordinal(device), raw_a, 32, CUFERRY_WRAP_READ_ONLY, &mut a), "wrap a");
+        ok(cuferry_buffer_wrap(ordinal(device), raw_b, 32, 0, &mut b), "wrap b");
+        ok(cuferry_halo_packer_create(ordinal(device), &exchange, 1, &mut packer), "packer");
+        ok(cuferry_halo_pack(packer, [a.cast_const()].as_ptr(), 1), "pack");
+        ok(cuferry_halo_loopback(packer), "loopback");
+        ok(cuferry_halo_unpack(packer, [b.cast_const()].as_ptr(), 1), "unpack");
+        ok(cuferry_halo_synchronize(packer), "synchronize");
+        ok(cuferry_halo_packer_destroy(packer), "destroy");
+    }
+    free(a);
+    free(b);
+    let mut got = vec![0f32; 8];
+    if device.is_host() {
+        got.copy_from_slice(&host_b);
+    } else {
+        let back = wrap(Device::Host, bytemuck::cast_slice_mut(&mut got), 0);
+        // SAFETY: live handles.
+        unsafe { ok(cuferry_copy(s, allocations[1], 0, back, 0, 32), "read back") };
+        free(back);
+    }
+    let mut want = vec![0f32; 8];
+    want[6..].copy_from_slice(&values[..2]);
+    assert_eq!(got, want, "the unpacked field");
+    allocations.into_iter().for_each(free);
+    // SAFETY: a live stream, not used again.
+    ok(unsafe { cuferry_stream_destroy(s) }, "stream_destroy");
+}
+
 on_both_backends! {
     round_trip_through_device_memory => a_round_trip_through_device_memory;
     batch_gathers_items_from_wrapped_memory => a_batch_gathers_items_from_wrapped_memory;
     read_only_memory_is_never_written => read_only_memory_is_never_written;
     bad_wraps_are_refused => bad_wraps_are_refused;
     device_memory_is_wrapped_for_its_device_only => device_memory_is_wrapped_for_its_device_only;
+    own_fields_are_halo_arrays => own_fields_are_halo_arrays;
 }

@@ -24,7 +24,8 @@ use cuferry::halo::{
     Component, DescriptorPlacement, ElementType, HaloExchange, HaloPacker, HaloSpec, HorizontalDims,
     MAX_INLINE_DESCRIPTORS,
 };
-use cuferry::{Device, DeviceBuffer, Element, Error, Stream};
+use cuferry::managed::{ManagedBuffer, ManagedPool, ManagedPoolOptions};
+use cuferry::{Device, DeviceBuffer, Element, Error, Memory, PinnedBuffer, Stream};
 
 // ---- the reference ---------------------------------------------------------------------------
 
@@ -403,14 +404,65 @@ struct Outcome<T> {
     dst_y: Vec<Vec<T>>,
 }
 
+/// Where `run_crate` puts the arrays.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Placing {
+    /// Every array a `DeviceBuffer`.
+    Device,
+    /// Arrays in turn in device, managed and (host backend only) pinned memory, passed to the
+    /// packer together as `&dyn Memory<T>`.
+    Mixed,
+}
+
+/// One array of `run_crate`, in the memory `Placing` chose.
+enum Array<T: Element> {
+    Device(DeviceBuffer<T>),
+    Managed(ManagedBuffer<T>),
+    Pinned(PinnedBuffer<T>),
+}
+
+impl<T: Element> Array<T> {
+    /// `data` in memory of kind `k` (0 device, 1 managed, 2 pinned) for `stream`'s device.
+    fn new(stream: &Stream, pool: Option<&ManagedPool>, k: usize, data: &[T]) -> Self {
+        match (k, pool) {
+            (1, Some(pool)) => {
+                let mut m = pool.alloc::<T>(data.len().max(1), stream).unwrap();
+                m.as_mut_slice().unwrap()[..data.len()].copy_from_slice(data);
+                Array::Managed(m)
+            }
+            (2, _) => Array::Pinned(PinnedBuffer::from_slice(stream.device(), data).unwrap()),
+            _ => Array::Device(DeviceBuffer::from_slice(stream, data).unwrap()),
+        }
+    }
+
+    fn memory(&self) -> &dyn Memory<T> {
+        match self {
+            Array::Device(d) => d,
+            Array::Managed(m) => m,
+            Array::Pinned(p) => p,
+        }
+    }
+
+    /// The first `len` elements, read after the queued work on them.
+    fn read(&self, stream: &Stream, len: usize) -> Vec<T> {
+        match self {
+            Array::Device(d) => d.to_vec(stream).unwrap(),
+            Array::Managed(m) => m.as_slice().unwrap()[..len].to_vec(),
+            Array::Pinned(p) => p.as_slice().unwrap().to_vec(),
+        }
+    }
+}
+
 /// Packs and unpacks `qs` with the crate on `device`, the CUDA kernel reading its descriptors
-/// from `placement`, a host packer using `host_threads` threads when given.
+/// from `placement`, a host packer using `host_threads` threads when given, the arrays placed
+/// as `placing` says.
 fn run_crate<T: Val>(
     device: Device,
     qs: &[Quantity<T>],
     vector: bool,
     placement: DescriptorPlacement,
     host_threads: Option<usize>,
+    placing: Placing,
 ) -> Outcome<T> {
     let ex_x: Vec<HaloExchange> = qs
         .iter()
@@ -431,22 +483,33 @@ fn run_crate<T: Val>(
     }
     assert_eq!(packer.launches_per_call(), usize::from(packer.buffer_bytes() > 0));
     let stream = packer.stream().clone();
-    let up = |v: &Vec<T>| DeviceBuffer::from_slice(&stream, v).unwrap();
-    let src_x: Vec<DeviceBuffer<T>> = qs.iter().map(|q| up(&q.src_x)).collect();
-    let src_y: Vec<DeviceBuffer<T>> = qs.iter().map(|q| up(&q.src_y)).collect();
-    let dst_x: Vec<DeviceBuffer<T>> = qs.iter().map(|q| up(&q.dst_x)).collect();
-    let dst_y: Vec<DeviceBuffer<T>> = qs.iter().map(|q| up(&q.dst_y)).collect();
-    fn refs<T: Element>(v: &[DeviceBuffer<T>]) -> Vec<&DeviceBuffer<T>> {
-        v.iter().collect()
+    let pool =
+        (placing == Placing::Mixed).then(|| ManagedPool::new(device, ManagedPoolOptions::default()).unwrap());
+    let kinds = if device.is_host() { 3 } else { 2 };
+    let place = |arrays: &mut dyn Iterator<Item = &Vec<T>>| -> Vec<Array<T>> {
+        let kind = |i: usize| if placing == Placing::Mixed { i % kinds } else { 0 };
+        arrays.enumerate().map(|(i, v)| Array::new(&stream, pool.as_ref(), kind(i), v)).collect()
+    };
+    let src_x = place(&mut qs.iter().map(|q| &q.src_x));
+    // The y arrays start one kind further on, so each list mixes kinds even for one quantity.
+    let src_y = place(&mut std::iter::once(&Vec::new()).chain(qs.iter().map(|q| &q.src_y)));
+    let dst_x = place(&mut qs.iter().map(|q| &q.dst_x));
+    let dst_y = place(&mut std::iter::once(&Vec::new()).chain(qs.iter().map(|q| &q.dst_y)));
+    fn refs<T: Element>(v: &[Array<T>]) -> Vec<&dyn Memory<T>> {
+        v.iter().map(Array::memory).collect()
     }
-    let (sx, sy, dx, dy) = (refs(&src_x), refs(&src_y), refs(&dst_x), refs(&dst_y));
+    let (sx, sy, dx, dy) = (refs(&src_x), refs(&src_y[1..]), refs(&dst_x), refs(&dst_y[1..]));
     packer.pack(&sx, vector.then_some(&sy[..])).unwrap();
     let packed = packer.pack_buffer().unwrap().to_vec(&stream).unwrap();
     packer.copy_pack_to_unpack().unwrap();
     packer.unpack(&dx, vector.then_some(&dy[..])).unwrap();
     // No synchronize: reading the arrays is ordered after the unpack by their trackers.
-    let down = |v: &[DeviceBuffer<T>]| v.iter().map(|b| b.to_vec(&stream).unwrap()).collect::<Vec<_>>();
-    let out = Outcome { packed, dst_x: down(&dst_x), dst_y: if vector { down(&dst_y) } else { Vec::new() } };
+    let down = |v: &[Array<T>], lens: &mut dyn Iterator<Item = usize>| {
+        v.iter().zip(lens).map(|(a, len)| a.read(&stream, len)).collect::<Vec<_>>()
+    };
+    let dst_x = down(&dst_x, &mut qs.iter().map(|q| q.dst_x.len()));
+    let dst_y = if vector { down(&dst_y[1..], &mut qs.iter().map(|q| q.dst_y.len())) } else { Vec::new() };
+    let out = Outcome { packed, dst_x, dst_y };
     assert!(packer.ready().unwrap());
     out
 }
@@ -455,7 +518,7 @@ fn run_crate<T: Val>(
 /// host) when a device is present.
 fn check_case<T: Val>(qs: &[Quantity<T>], vector: bool) {
     let (packed, ref_x, ref_y) = reference(qs, vector);
-    let host = run_crate(Device::Host, qs, vector, DescriptorPlacement::DeviceMemory, None);
+    let host = run_crate(Device::Host, qs, vector, DescriptorPlacement::DeviceMemory, None, Placing::Device);
     assert_eq!(
         host.packed,
         bytemuck::cast_slice::<T, u8>(&packed),
@@ -465,19 +528,53 @@ fn check_case<T: Val>(qs: &[Quantity<T>], vector: bool) {
     assert_eq!(host.dst_y, ref_y, "unpacked y arrays differ from the reference");
     if let Some(gpu) = common::cuda_device() {
         for placement in [DescriptorPlacement::DeviceMemory, DescriptorPlacement::LaunchParameters] {
-            let cuda = run_crate(gpu, qs, vector, placement, None);
+            let cuda = run_crate(gpu, qs, vector, placement, None, Placing::Device);
             assert_eq!(cuda, host, "CUDA ({placement:?}) and host results differ");
         }
     }
 }
 
+/// As `check_case`, with the arrays in device, managed and (host) pinned memory in one call:
+/// the same bytes as the reference on the host and, bit for bit, on CUDA.
+fn check_case_in_mixed_memory<T: Val>(qs: &[Quantity<T>], vector: bool) {
+    let (packed, ref_x, ref_y) = reference(qs, vector);
+    let host = run_crate(Device::Host, qs, vector, DescriptorPlacement::DeviceMemory, None, Placing::Mixed);
+    assert_eq!(host.packed, bytemuck::cast_slice::<T, u8>(&packed), "mixed memory: pack buffer differs");
+    assert_eq!(
+        (host.dst_x.as_slice(), host.dst_y.as_slice()),
+        (&ref_x[..], &ref_y[..]),
+        "mixed memory: unpack differs"
+    );
+    if let Some(gpu) = common::cuda_device() {
+        let cuda = run_crate(gpu, qs, vector, DescriptorPlacement::DeviceMemory, None, Placing::Mixed);
+        assert_eq!(cuda, host, "CUDA and host results differ with the arrays in mixed memory");
+    }
+}
+
 fn random_cases<T: Val>(seed: u64, cases: usize, vector: bool) {
+    random_cases_checked(seed, cases, vector, check_case::<T>);
+}
+
+/// `cases` random exchange sets of one to three quantities, each given to `check`.
+fn random_cases_checked<T: Val>(seed: u64, cases: usize, vector: bool, check: fn(&[Quantity<T>], bool)) {
     let mut rng = Rng::new(seed);
     for _ in 0..cases {
         let n = 1 + rng.below(3);
         let qs: Vec<Quantity<T>> = (0..n).map(|_| random_quantity(&mut rng, false)).collect();
-        check_case(&qs, vector);
+        check(&qs, vector);
     }
+}
+
+/// Arrays need not be device buffers: managed and (host) pinned memory, mixed in one call,
+/// pack and unpack as the reference says.
+#[test]
+fn scalar_f64_arrays_in_mixed_memory() {
+    random_cases_checked::<f64>(0x3a11, 24, false, check_case_in_mixed_memory);
+}
+
+#[test]
+fn vector_f32_arrays_in_mixed_memory() {
+    random_cases_checked::<f32>(0x3a12, 24, true, check_case_in_mixed_memory);
 }
 
 // ---- scalar and vector quantities ------------------------------------------------------------
@@ -647,7 +744,14 @@ fn check_over_thread_counts(qs: &[Quantity<f64>]) {
         check_case(qs, vector);
         let (packed, ref_x, ref_y) = reference(qs, vector);
         for threads in [2, 3, 5, 16] {
-            let got = run_crate(Device::Host, qs, vector, DescriptorPlacement::DeviceMemory, Some(threads));
+            let got = run_crate(
+                Device::Host,
+                qs,
+                vector,
+                DescriptorPlacement::DeviceMemory,
+                Some(threads),
+                Placing::Device,
+            );
             assert!(got.packed == bytemuck::cast_slice::<f64, u8>(&packed), "{threads} threads: pack buffer");
             assert!(got.dst_x == ref_x && got.dst_y == ref_y, "{threads} threads: unpacked arrays");
         }
@@ -1023,6 +1127,34 @@ fn bad_packers_are_invalid_arguments() {
     assert!(HaloPacker::new(Device::Host, &[cx], Some(&[cy2])).is_ok(), "staggered components fit");
 }
 
+/// A packer takes the arrays its work reaches, and names the one it cannot: a CUDA packer's
+/// kernel reaches device and managed memory of its device, not host memory; a host packer
+/// reaches host memory, not CUDA device memory. Nothing is queued on a refusal.
+#[test]
+fn arrays_out_of_a_packers_reach_are_refused() {
+    let Some(gpu) = common::cuda_device() else { return };
+    let spec = HaloSpec::contiguous(ElementType::F64, &[4, 4], HorizontalDims::xy(0, 1)).unwrap();
+    let ex = HaloExchange::new(&spec, &[0..1, 0..4], 0, &[3..4, 0..4]).unwrap();
+    let mut on_gpu = HaloPacker::new(gpu, std::slice::from_ref(&ex), None).unwrap();
+    let mut on_host = HaloPacker::new(Device::Host, std::slice::from_ref(&ex), None).unwrap();
+    let pinned = PinnedBuffer::<f64>::zeroed(gpu, 16).unwrap();
+    let device = DeviceBuffer::<f64>::zeroed(on_gpu.stream(), 16).unwrap();
+    for (result, says) in [
+        (on_gpu.pack(&[&pinned], None), "reaches device or managed memory"),
+        (on_host.pack(&[&device], None), "host packer cannot reach"),
+        (on_host.unpack(&[&device], None), "host packer cannot reach"),
+    ] {
+        match result {
+            Err(Error::InvalidArgument { what }) => assert!(what.contains(says), "{what}"),
+            other => panic!("expected InvalidArgument ({says}), got {other:?}"),
+        }
+    }
+    let pool = ManagedPool::new(gpu, ManagedPoolOptions::default()).unwrap();
+    let managed = pool.alloc::<f64>(16, on_gpu.stream()).unwrap();
+    on_gpu.pack(&[&managed], None).unwrap();
+    on_gpu.synchronize().unwrap();
+}
+
 /// Strides the spec accepts (any stride on a dim of extent 1, a stride that is in range for
 /// its extent but not one step further) build a packer without arithmetic overflow (a panic
 /// under overflow checks, as in `cargo test`).
@@ -1143,7 +1275,7 @@ fn bad_arrays_are_invalid_arguments_and_queue_nothing() {
     let wrong = DeviceBuffer::<f32>::zeroed(&stream, 40).unwrap();
     let bytes = DeviceBuffer::<u8>::zeroed(&stream, 200).unwrap();
     assert_invalid(scalar.pack(&[&good, &good], None), "two arrays, one exchange");
-    assert_invalid(scalar.pack::<f64>(&[], None), "no array");
+    assert_invalid(scalar.pack::<f64, DeviceBuffer<f64>>(&[], None), "no array");
     assert_invalid(scalar.pack(&[&good], Some(&[&good])), "y arrays to a scalar packer");
     assert_invalid(vector.pack(&[&good], None), "no y arrays to a vector packer");
     assert_invalid(vector.pack(&[&good], Some(&[])), "too few y arrays");
@@ -1456,7 +1588,7 @@ fn packs_from_inside_a_host_job() {
 #[test]
 fn empty_exchange_sets_move_nothing() {
     let mut packer = HaloPacker::new(Device::Host, &[], None).unwrap();
-    packer.pack::<f64>(&[], None).unwrap();
+    packer.pack::<f64, DeviceBuffer<f64>>(&[], None).unwrap();
     assert_eq!((packer.buffer_bytes(), packer.launches_per_call(), packer.element()), (0, 0, None));
     assert!(packer.pack_buffer().unwrap().is_empty());
     let spec = HaloSpec::contiguous(ElementType::F32, &[3, 3], HorizontalDims::xy(0, 1)).unwrap();

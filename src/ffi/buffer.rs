@@ -11,8 +11,8 @@
 //! - A wrapper (`cuferry_buffer_wrap`) is the caller's memory: cuferry never frees it, and the
 //!   owner may free or reuse it once `cuferry_buffer_free` of the wrapper returned OK, which
 //!   waits for its copies first. What the memory is (device, managed, page-locked or pageable
-//!   host memory) comes from CUDA, not from the caller. A read-only wrapper is never a copy's
-//!   destination.
+//!   host memory) comes from CUDA, not from the caller. A read-only wrapper is never written
+//!   (a copy's destination, an unpacked halo array).
 
 use std::ffi::c_void;
 
@@ -36,7 +36,7 @@ pub(crate) enum BufferMemory {
 
 impl BufferMemory {
     /// The memory, as copies read it.
-    fn source(&self) -> &dyn Memory<u8> {
+    pub(crate) fn source(&self) -> &dyn Memory<u8> {
         match self {
             BufferMemory::Pinned(p) => p,
             BufferMemory::Device(d) => d,
@@ -45,7 +45,7 @@ impl BufferMemory {
     }
 
     /// The memory, as copies write it: a read-only wrapper is refused.
-    fn destination(&self) -> Result<&dyn Memory<u8>> {
+    pub(crate) fn destination(&self) -> Result<&dyn Memory<u8>> {
         match self {
             BufferMemory::Wrapped(w) => Ok(w.writable()?),
             other => Ok(other.source()),
@@ -81,9 +81,9 @@ impl BufferMemory {
     }
 }
 
-/// [`cuferry_buffer_wrap`] flag: the memory is only read by cuferry. A copy into it is
-/// `CUFERRY_STATUS_INVALID_ARGUMENT`, so read-only memory (a Python `bytes`, a constant
-/// table) can be a copy's source.
+/// [`cuferry_buffer_wrap`] flag: the memory is only read by cuferry. A copy into it, or a halo
+/// unpack, is `CUFERRY_STATUS_INVALID_ARGUMENT`, so read-only memory (a Python `bytes`, a
+/// constant table) can be a copy's source.
 pub const CUFERRY_WRAP_READ_ONLY: u32 = 1;
 
 /// Allocates `bytes` of zeroed pinned host memory for `device` in `*out`.
@@ -134,7 +134,8 @@ pub unsafe extern "C" fn cuferry_device_alloc(
 /// with `device` (`CUFERRY_HOST` or a CUDA ordinal): a NumPy array, a PyTorch or CuPy tensor,
 /// a C code's own `malloc` or `cudaMalloc`. The memory is never freed by cuferry, and may be
 /// a source or (unless `flags` has [`CUFERRY_WRAP_READ_ONLY`]) a destination of
-/// [`cuferry_copy`] and [`cuferry_copy_batch`]; it is not a halo array.
+/// [`cuferry_copy`] and [`cuferry_copy_batch`], and a halo array (`cuferry_halo_pack`, and
+/// unless read-only `cuferry_halo_unpack`).
 ///
 /// CUDA says what the memory is, from its first and last byte, which must agree:
 /// - device or managed memory must be `device`'s (`CUFERRY_HOST` takes neither);

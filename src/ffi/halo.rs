@@ -1,13 +1,17 @@
 //! The halo part of the C ABI: a packer built from C descriptions of exchanges, packing and
-//! unpacking `CuferryBuffer` device buffers into one buffer.
+//! unpacking `CuferryBuffer` arrays into one buffer.
 //!
 //! Rules:
 //! - Exchanges are scalar quantities: elements of `element_size` bytes moved as they are
 //!   (rotations included). Vector quantities, which negate components, are for the Rust API.
 //!   The exchanges of one packer share one `element_size`; arrays of several element sizes
 //!   take one packer each.
-//! - Arrays are device buffers (`cuferry_device_alloc`) of the packer's device, one per
-//!   exchange, in exchange order; their size must cover the exchange's strided extent.
+//! - Arrays are buffers the packer reaches, one per exchange, in exchange order: on a CUDA
+//!   device its device buffers (`cuferry_device_alloc`) and wrapped device or managed memory
+//!   of it (`cuferry_buffer_wrap`: a code's own fields, no copy first); on the host backend
+//!   any buffer. Their size must cover the exchange's strided extent, and their addresses
+//!   suit the element size (the kernel moves whole elements). A read-only wrapper is packed
+//!   from, never unpacked into.
 //! - Packing and unpacking are queued on the packer's stream; `cuferry_halo_pack_buffer` and
 //!   `cuferry_halo_unpack_buffer` wait for it and return the buffer's address and size.
 //! - The packer's stream is ordered after cuferry's own work on the arrays (copies through
@@ -24,10 +28,10 @@
 use std::ffi::c_void;
 use std::ops::Range;
 
-use super::{device_of, guard, handle, slice_of, write_out, BufferMemory, CuferryBuffer, CuferryStatus};
+use super::{device_of, guard, handle, slice_of, write_out, CuferryBuffer, CuferryStatus};
 use crate::error::{Error, Result};
 use crate::halo::{ElementType, HaloExchange, HaloPacker, HaloSpec, HorizontalDims};
-use crate::memory::DeviceBuffer;
+use crate::memory::Memory;
 
 /// Most dimensions of an array in the C ABI.
 pub const CUFERRY_HALO_MAX_DIMS: usize = 6;
@@ -142,35 +146,34 @@ pub unsafe extern "C" fn cuferry_halo_packer_destroy(packer: *mut CuferryHaloPac
     })
 }
 
-/// The device buffers behind `n` handles.
+/// The memory behind `n` handles, as the packer reads it (`writes` false: pack) or writes it
+/// (`writes` true: unpack, which refuses read-only wrappers).
 ///
 /// # Safety
 ///
 /// `arrays` holds `n` handles, each NULL or live.
-unsafe fn device_buffers<'a>(
+unsafe fn array_memory<'a>(
     arrays: *const *const CuferryBuffer,
     n: usize,
-) -> Result<Vec<&'a DeviceBuffer<u8>>> {
+    writes: bool,
+) -> Result<Vec<&'a dyn Memory<u8>>> {
     // SAFETY: the caller's contract on `arrays`.
     let handles = unsafe { slice_of(arrays, n, "arrays") }?;
     handles
         .iter()
         .map(|&h| {
             // SAFETY: the caller's contract: each handle is NULL or live.
-            match unsafe { handle(h, "array") }? {
-                CuferryBuffer { memory: BufferMemory::Device(d) } => Ok(d),
-                CuferryBuffer { memory: BufferMemory::Pinned(_) } => {
-                    Err(Error::invalid("halo arrays are device buffers (cuferry_device_alloc)"))
-                }
-                CuferryBuffer { memory: BufferMemory::Wrapped(_) } => Err(Error::invalid(
-                    "halo arrays are device buffers (cuferry_device_alloc), not wrapped memory",
-                )),
+            let memory = &unsafe { handle(h, "array") }?.memory;
+            if writes {
+                memory.destination()
+            } else {
+                Ok(memory.source())
             }
         })
         .collect()
 }
 
-/// Runs `op` on a packer and the device buffers behind `n` handles.
+/// Runs `op` on a packer and the memory behind `n` handles (`writes`: as `array_memory`).
 ///
 /// # Safety
 ///
@@ -179,12 +182,16 @@ unsafe fn with_arrays(
     packer: *mut CuferryHaloPacker,
     arrays: *const *const CuferryBuffer,
     n: usize,
-    op: impl FnOnce(&mut HaloPacker, &[&DeviceBuffer<u8>]) -> Result<()>,
+    writes: bool,
+    op: impl FnOnce(&mut HaloPacker, &[&dyn Memory<u8>]) -> Result<()>,
 ) -> CuferryStatus {
     guard(|| {
         // SAFETY: the caller's contract on the handles.
         let (p, list) = unsafe {
-            (packer.as_mut().ok_or_else(|| Error::invalid("packer is NULL"))?, device_buffers(arrays, n)?)
+            (
+                packer.as_mut().ok_or_else(|| Error::invalid("packer is NULL"))?,
+                array_memory(arrays, n, writes)?,
+            )
         };
         op(&mut p.packer, &list)
     })
@@ -195,8 +202,8 @@ unsafe fn with_arrays(
 ///
 /// # Safety
 ///
-/// `packer` is NULL or live; `arrays` holds `n` live device-buffer handles, untouched by C until
-/// the pack finished.
+/// `packer` is NULL or live; `arrays` holds `n` live buffer handles, untouched by C until the
+/// pack finished.
 #[no_mangle]
 pub unsafe extern "C" fn cuferry_halo_pack(
     packer: *mut CuferryHaloPacker,
@@ -204,7 +211,7 @@ pub unsafe extern "C" fn cuferry_halo_pack(
     n: usize,
 ) -> CuferryStatus {
     // SAFETY: the caller's contract, passed on.
-    unsafe { with_arrays(packer, arrays, n, |p, list| p.pack(list, None)) }
+    unsafe { with_arrays(packer, arrays, n, false, |p, list| p.pack(list, None)) }
 }
 
 /// Queues unpacking the unpack buffer into every exchange's unpack region of `arrays[i]`.
@@ -219,7 +226,7 @@ pub unsafe extern "C" fn cuferry_halo_unpack(
     n: usize,
 ) -> CuferryStatus {
     // SAFETY: the caller's contract, passed on.
-    unsafe { with_arrays(packer, arrays, n, |p, list| p.unpack(list, None)) }
+    unsafe { with_arrays(packer, arrays, n, true, |p, list| p.unpack(list, None)) }
 }
 
 /// Waits for the packer's queued work.

@@ -4,9 +4,16 @@
 //! - Built once per exchange set: the layout and the transfers are computed at construction
 //!   (and on CUDA uploaded to the device at the first call, again only when the arrays'
 //!   addresses change to ones not among the last two sets).
-//! - `pack` and `unpack` check every array (element type, device, length covering the spec's
+//! - Arrays are any cuferry memory the packer's work reaches: on CUDA, device and managed
+//!   memory of the packer's device (a [`DeviceBuffer`], a [`ManagedBuffer`], the C ABI's
+//!   wrapped memory); on the host backend, memory host code may touch while kernels run
+//!   (not CUDA device memory; managed memory of a CUDA device only with
+//!   `concurrentManagedAccess`). One call mixes kinds as `&dyn Memory<T>`.
+//! - `pack` and `unpack` check every array (element type, reach, length covering the spec's
 //!   strided extent) before queueing anything, then queue the work on the packer's stream and
 //!   return at once. On CUDA that is ONE kernel launch per call; on the host backend ONE job.
+//!
+//! [`ManagedBuffer`]: crate::managed::ManagedBuffer
 //! - The queued work is recorded on the tracker of every array and buffer it touches (pack
 //!   reads the arrays and writes the pack buffer, unpack the reverse), so it is ordered after
 //!   earlier work on them (any stream; for what it only reads, after their last write), later
@@ -36,7 +43,7 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::memory::sealed::Sealed;
 use crate::memory::tracker::{Access, UseTracker};
-use crate::memory::{DeviceBuffer, Element};
+use crate::memory::{check_host_stream_access, DeviceBuffer, Element, Memory, MemoryKind};
 use crate::stream::Stream;
 
 /// Host-backend packs and unpacks of at most this many bytes run on the calling thread when
@@ -271,19 +278,23 @@ impl HaloPacker {
 
     /// Queues the packing of every pack region (turned and, for vectors, with the components
     /// turned) into the pack buffer. `arrays_x[i]` is the array of `exchanges_x[i]`;
-    /// `arrays_y` is given exactly when the packer was built with `exchanges_y`.
+    /// `arrays_y` is given exactly when the packer was built with `exchanges_y`. Arrays are
+    /// any memory the packer reaches (module rules): [`DeviceBuffer`]s,
+    /// [`ManagedBuffer`](crate::managed::ManagedBuffer)s, or a mix of them as `&dyn Memory<T>`.
     ///
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] when the number of arrays is wrong, `arrays_y` is given to a
     /// scalar packer or missing for a vector one, an array's element type does not match its
-    /// spec, it is on another device, or it is shorter than its spec's strided extent; CUDA
-    /// errors of the table upload and the launch. Nothing is queued on a validation error (on CUDA a
-    /// failed launch may leave its table's upload queued, which is harmless).
-    pub fn pack<T: Element>(
+    /// spec, its memory is out of the packer's reach, or it is shorter than its spec's strided
+    /// extent; [`Error::Unsupported`] for a host packer's managed array of a CUDA device
+    /// without `concurrentManagedAccess`; CUDA errors of the table upload and the launch.
+    /// Nothing is queued on a validation error (on CUDA a failed launch may leave its table's
+    /// upload queued, which is harmless).
+    pub fn pack<T: Element, A: Memory<T> + ?Sized>(
         &mut self,
-        arrays_x: &[&DeviceBuffer<T>],
-        arrays_y: Option<&[&DeviceBuffer<T>]>,
+        arrays_x: &[&A],
+        arrays_y: Option<&[&A]>,
     ) -> Result<()> {
         self.run(Direction::Pack, arrays_x, arrays_y)
     }
@@ -296,10 +307,10 @@ impl HaloPacker {
     ///
     /// As [`HaloPacker::pack`], and [`Error::InvalidArgument`] when one array is passed for two
     /// exchanges with different specs or overlapping unpack regions.
-    pub fn unpack<T: Element>(
+    pub fn unpack<T: Element, A: Memory<T> + ?Sized>(
         &mut self,
-        arrays_x: &[&DeviceBuffer<T>],
-        arrays_y: Option<&[&DeviceBuffer<T>]>,
+        arrays_x: &[&A],
+        arrays_y: Option<&[&A]>,
     ) -> Result<()> {
         self.run(Direction::Unpack, arrays_x, arrays_y)
     }
@@ -381,11 +392,11 @@ impl HaloPacker {
         copy(&self.stream, src, dst).map(|_| ())
     }
 
-    fn run<T: Element>(
+    fn run<T: Element, A: Memory<T> + ?Sized>(
         &mut self,
         direction: Direction,
-        arrays_x: &[&DeviceBuffer<T>],
-        arrays_y: Option<&[&DeviceBuffer<T>]>,
+        arrays_x: &[&A],
+        arrays_y: Option<&[&A]>,
     ) -> Result<()> {
         let arrays = Arrays { x: arrays_x, y: arrays_y };
         self.check_arrays(&arrays)?;
@@ -459,8 +470,33 @@ impl HaloPacker {
         }
     }
 
+    /// Checks that the packer's work reaches an array of memory `kind` named by `name`: on
+    /// CUDA, device or managed memory of the packer's device (the kernel dereferences it); on
+    /// the host backend, memory host code may touch while kernels run (not CUDA device memory;
+    /// managed memory only with `concurrentManagedAccess`).
+    fn check_reach(&self, kind: MemoryKind, name: impl Fn() -> String) -> Result<()> {
+        match self.device() {
+            Device::Cuda(i) => match kind {
+                MemoryKind::Device(Device::Cuda(j)) | MemoryKind::Managed(Device::Cuda(j)) if j == i => {
+                    Ok(())
+                }
+                _ => Err(Error::invalid(format!(
+                    "{} is {kind:?} memory, but the packer's kernel runs on cuda:{i} and reaches \
+                     device or managed memory of cuda:{i} only",
+                    name()
+                ))),
+            },
+            Device::Host if !kind.host_accessible() => Err(Error::invalid(format!(
+                "{} is {kind:?} memory, which the host packer cannot reach: build the packer for \
+                 that device",
+                name()
+            ))),
+            Device::Host => check_host_stream_access(kind),
+        }
+    }
+
     /// Element type, device and length of every array; counts and vector-ness.
-    fn check_arrays<T: Element>(&self, arrays: &Arrays<'_, T>) -> Result<()> {
+    fn check_arrays<T: Element, A: Memory<T> + ?Sized>(&self, arrays: &Arrays<'_, A>) -> Result<()> {
         let plan = &self.plan;
         if arrays.x.len() != plan.exchanges_x.len() {
             return Err(Error::invalid(format!(
@@ -500,14 +536,7 @@ impl HaloPacker {
                         spec.element()
                     )));
                 }
-                if array.device() != self.device() {
-                    return Err(Error::invalid(format!(
-                        "{} is on {} but the packer works on {}",
-                        name(),
-                        array.device(),
-                        self.device()
-                    )));
-                }
+                self.check_reach(array.kind(), name)?;
                 let bytes = array.len() * std::mem::size_of::<T>();
                 if bytes < spec.required_bytes() {
                     return Err(Error::invalid(format!(
@@ -524,7 +553,7 @@ impl HaloPacker {
     }
 
     /// Rejects one array passed for two slots with different specs or overlapping regions.
-    fn check_unpack_aliasing<T: Element>(&mut self, arrays: &Arrays<'_, T>) -> Result<()> {
+    fn check_unpack_aliasing<A: Sealed + ?Sized>(&mut self, arrays: &Arrays<'_, A>) -> Result<()> {
         let plan = &self.plan;
         let targets: Vec<(usize, ArrayRef)> =
             plan.unpack.iter().map(|t| (arrays.get(t.array).raw_parts().ptr as usize, t.array)).collect();
@@ -559,14 +588,14 @@ impl HaloPacker {
 }
 
 /// The arrays of one call.
-struct Arrays<'a, T: Element> {
-    x: &'a [&'a DeviceBuffer<T>],
-    y: Option<&'a [&'a DeviceBuffer<T>]>,
+struct Arrays<'a, A: ?Sized> {
+    x: &'a [&'a A],
+    y: Option<&'a [&'a A]>,
 }
 
-impl<T: Element> Arrays<'_, T> {
+impl<A: ?Sized> Arrays<'_, A> {
     /// The array of a slot; callers checked the counts.
-    fn get(&self, at: ArrayRef) -> &DeviceBuffer<T> {
+    fn get(&self, at: ArrayRef) -> &A {
         match (at.component, self.y) {
             (Component::Y, Some(ys)) => ys[at.quantity],
             _ => self.x[at.quantity],

@@ -79,6 +79,29 @@ pub fn two_cuda_devices() -> Option<(Device, Device)> {
     None
 }
 
+/// A C ABI halo exchange of eight `f32` in one dim: pack elements 0..2, unpack into 6..8.
+pub fn exchange_1d() -> cuferry::ffi::CuferryHaloExchange {
+    let zeros = [0usize; cuferry::ffi::CUFERRY_HALO_MAX_DIMS];
+    let mut e = cuferry::ffi::CuferryHaloExchange {
+        element_size: 4,
+        ndim: 1,
+        shape: zeros,
+        strides: zeros,
+        x_dim: -1,
+        y_dim: -1,
+        pack_start: zeros,
+        pack_end: zeros,
+        rotation: 0,
+        unpack_start: zeros,
+        unpack_end: zeros,
+    };
+    e.shape[0] = 8;
+    e.pack_end[0] = 2;
+    e.unpack_start[0] = 6;
+    e.unpack_end[0] = 8;
+    e
+}
+
 /// A small deterministic generator (xorshift64*) so failures reproduce without extra crates.
 pub struct Rng(u64);
 

@@ -146,7 +146,20 @@ with lib.stream(device) as stream, lib.halo_packer(device, exchanges) as packer,
         raises(ValueError, packer.read_packed, "device memory")
     # Wrong arguments: the library names the problem; the packer stays usable.
     raises(cuferry.CuferryError, lambda: packer.pack([dev_a]), "")
-    raises(cuferry.CuferryError, lambda: packer.pack([dev_a, host_b]), "device buffers")
+    if HOST:
+        # Host memory is the host packer's to reach: a pinned buffer and a wrapped bytearray
+        # pack as the device buffers with the same bytes do.
+        packer.pack([dev_a, dev_b])
+        want = packer.read_packed()
+        own_b = bytearray(len(b_bytes))
+        lib.copy(stream, dev_b, host_b, len(b_bytes))
+        with lib.wrap(device, own_b) as wrapped_b:
+            lib.copy(stream, dev_b, wrapped_b, len(b_bytes))
+            for arrays in ([dev_a, host_b], [dev_a, wrapped_b]):
+                packer.pack(arrays)
+                assert packer.read_packed() == want, "a host array packs differently"
+    else:
+        raises(cuferry.CuferryError, lambda: packer.pack([dev_a, host_b]), "device or managed memory")
     packer.pack([dev_a, dev_b])
     packer.synchronize()
 
