@@ -423,9 +423,12 @@ class Library:
         PyTorch CUDA tensor), C-contiguous. The buffer holds `obj` (a host object cannot be
         resized meanwhile) until `free()`, which waits for the copies queued on it.
         `read_only` (default: what `obj` says) makes copies into it an error. Pageable host
-        memory is page-locked while wrapped when the driver allows. Work on the memory that
-        cuferry did not queue (the owner's kernels on its own stream) is not ordered with
-        cuferry's copies: let it finish first (or make a cuferry stream wait for it)."""
+        memory is page-locked while wrapped when the driver allows. One memory has one live
+        wrapper at a time (a second over any of its bytes raises): use it for every copy, a
+        writable wrapper is a source too. Work on the memory that cuferry did not queue (the
+        owner's kernels on its own stream, the array's `__cuda_array_interface__["stream"]`)
+        is not ordered with cuferry's copies: let it finish first. CUDA arrays are refused
+        for the host backend (HOST)."""
         return WrappedBuffer(self, device, obj, read_only)
 
     def ring(self, device, depth, slot_bytes, fill_threads=4):
@@ -728,6 +731,8 @@ class WrappedBuffer(Buffer):
         # Set first: a refused wrap leaves an object whose collection frees nothing.
         self.lib, self.handle, self._owner, self._view = lib, None, obj, None
         if hasattr(obj, "__cuda_array_interface__"):
+            if device == HOST:
+                raise ValueError("wrap: a CUDA array's memory is not the host backend's (HOST)")
             address, nbytes, exported_read_only = _cuda_array(obj)
             host_readable = False
         else:
@@ -748,7 +753,10 @@ class WrappedBuffer(Buffer):
         try:
             lib.call("cuferry_buffer_wrap", device, address, nbytes, flags, ctypes.byref(out))
         except BaseException:
-            self._let_go()
+            # An interrupt after the wrap succeeded: free it before letting go of the object
+            # (a failed free keeps the object for good, as `free` does).
+            self.handle = out if out.value is not None else None
+            self.free()
             raise
         super().__init__(lib, out, host_readable)
 

@@ -188,6 +188,12 @@ fn bad_wraps_are_refused(device: Device) {
     // SAFETY: a live handle.
     assert_eq!(unsafe { (cuferry_buffer_size(empty), cuferry_buffer_ptr(empty)) }, (0, ptr::null_mut()));
     free(empty);
+    // An empty wrapper has no address, as every empty buffer, whatever pointer it was given.
+    // SAFETY: no bytes to keep alive; `empty` is writable.
+    ok(unsafe { cuferry_buffer_wrap(d, p, 0, 0, &mut empty) }, "empty wrap at an address");
+    // SAFETY: a live handle.
+    assert_eq!(unsafe { cuferry_buffer_ptr(empty) }, ptr::null_mut());
+    free(empty);
 }
 
 /// On CUDA, memory another allocator made on the device (here a cuferry device buffer's,

@@ -12,7 +12,7 @@
 //!   owner may free or reuse it once `cuferry_buffer_free` of the wrapper returned OK, which
 //!   waits for its copies first. What the memory is (device, managed, page-locked or pageable
 //!   host memory) comes from CUDA, not from the caller. A read-only wrapper is never written
-//!   (a copy's destination, an unpacked halo array).
+//!   (a copy's destination, an unpacked halo array). Live wrappers never share a byte.
 
 use std::ffi::c_void;
 
@@ -143,10 +143,15 @@ pub unsafe extern "C" fn cuferry_device_alloc(
 /// - pageable host memory is page-locked for the wrapper's life when the driver allows
 ///   (`cudaHostRegister`, portable), and copied at pageable speed otherwise.
 ///
+/// One memory has one live wrapper at a time: a wrap touching bytes another live wrapper
+/// holds is refused (two wrappers would not order their copies with each other). Use one
+/// wrapper for every copy of the memory; a writable wrapper is a source too.
+///
 /// `ptr` may be NULL only when `bytes` is 0. `flags` is 0 or [`CUFERRY_WRAP_READ_ONLY`];
 /// other bits are `CUFERRY_STATUS_INVALID_ARGUMENT`, as are a range past the end of the
-/// address space, ends in two kinds of memory or two devices, and device memory of another
-/// device.
+/// address space, bytes of a live wrapper, ends in two kinds of memory or two devices, and
+/// device memory of another device. CUDA cannot tell unmapped addresses from pageable
+/// memory: the range must lie in one allocation.
 ///
 /// [`cuferry_buffer_free`] waits for the copies queued on the wrapper and undoes its
 /// registration; only then may the owner free or reuse the memory. When that wait fails, a

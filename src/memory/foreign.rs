@@ -7,34 +7,41 @@
 //!   wrapper is released ([`ForeignMemory::release`] or drop), which first waits for every
 //!   use queued through the wrapper. When that wait fails, a queued copy may still use the
 //!   memory, and the owner must never free it (a registration made here stays with it).
+//! - Live wrappers never overlap: a wrap touching bytes another live wrapper holds is refused.
+//!   Each wrapper has its own tracker, so two over the same bytes would not order their
+//!   copies, and the first one's release could unregister pages the other's copies still
+//!   use. A wrapper whose release failed keeps its bytes for good.
 //! - What the memory is comes from CUDA (`cudaPointerGetAttributes` of its first and last
-//!   byte), not from the caller. The two ends must agree on the kind and the device: a range
-//!   running off its allocation into unmapped or other memory is refused (a range across two
-//!   adjacent allocations of one kind and device cannot be told apart, and is the caller's to
-//!   avoid).
+//!   byte), not from the caller. Ends of two kinds or devices are refused. CUDA cannot tell
+//!   unmapped addresses from pageable memory, nor two adjacent allocations of one kind apart:
+//!   a range must lie in one allocation (the caller's contract).
 //! - For a CUDA device: device memory must be that device's; managed memory too; page-locked
 //!   host memory is used as it is; pageable host memory is page-locked with `cudaHostRegister`
-//!   (portable) for the wrapper's life when the driver allows, and stays pageable when it
-//!   refuses ("already registered", "not supported"), as for
-//!   [`HostRegistration`](super::HostRegistration). Other registration errors are returned.
+//!   (portable; for a read-only wrapper, a refusal is retried read-only, as memory mapped
+//!   read-only needs) for the wrapper's life. Page-locking is an optimisation here: memory the
+//!   driver will not lock (already registered elsewhere, too large, not supported) stays
+//!   pageable and copies run at pageable speed.
 //! - For the host backend the memory is host memory, pageable or (when CUDA says so)
-//!   page-locked. CUDA is asked only when a primary context is active in the process (without
-//!   one no CUDA allocation exists, and asking would create one); device and managed memory
-//!   are refused there.
+//!   page-locked; device and managed memory are refused. CUDA is asked only when its driver
+//!   is already loaded in the process and a context is current or active (without them no
+//!   CUDA allocation can exist, and asking would load and initialise the driver).
 //! - A read-only wrapper is never a copy's destination: [`ForeignMemory::writable`] refuses it.
 //! - Uses through the wrapper are ordered by its tracker, as for every cuferry buffer. Uses the
 //!   tracker does not see (the owner's own kernels and copies, another wrapper over the same
 //!   memory) are the caller's to order against them.
 
+use std::collections::BTreeMap;
 use std::os::raw::c_void;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use super::sealed::{RawParts, Sealed};
 use super::tracker::UseTracker;
 use super::{Memory, MemoryKind};
-use crate::cuda::device::{active_device, ensure_context, make_current};
+use crate::cuda::device::{active_device, ensure_context, make_current, thread_has_context};
 use crate::cuda::memory::{self as raw, PointerType};
 use crate::device::Device;
 use crate::error::{record_drop_error, Error, Result};
+use crate::sys;
 
 /// Caller memory used by cuferry's copies. See the [module docs](self).
 #[derive(Debug)]
@@ -47,6 +54,8 @@ pub(crate) struct ForeignMemory {
     registered: Option<u32>,
     /// Set by the first release: the memory is no longer the wrapper's to wait for.
     released: bool,
+    /// Whether the range is in `live_wrappers` (removed by a successful release).
+    listed: bool,
     tracker: UseTracker,
 }
 
@@ -62,9 +71,9 @@ impl ForeignMemory {
     /// # Errors
     ///
     /// As [`Device::check_available`]; [`Error::InvalidArgument`] for a NULL `ptr` with bytes,
-    /// a range past the end of the address space or larger than `isize::MAX`, ends of two
-    /// kinds or devices, device or managed memory of another device (or for the host
-    /// backend); CUDA errors of the probe and of `cudaHostRegister` (see the module rules).
+    /// a range past the end of the address space or larger than `isize::MAX`, bytes a live
+    /// wrapper holds, ends of two kinds or devices, device or managed memory of another
+    /// device (or for the host backend); CUDA errors of the probe.
     ///
     /// # Safety
     ///
@@ -87,17 +96,29 @@ impl ForeignMemory {
             read_only,
             registered: None,
             released: false,
+            listed: false,
             tracker: UseTracker::default(),
         };
         if bytes == 0 {
             return Ok(memory);
+        }
+        // Held until the wrapper is recorded: two wraps of one range at once cannot both pass.
+        let mut live = live_wrappers();
+        let start = ptr as usize;
+        if let Some((&other, &other_end)) = live.range(..start + bytes).next_back() {
+            if other_end > start {
+                return Err(Error::invalid(format!(
+                    "{ptr:p}..+{bytes} overlaps the live wrapper of {other:#x}..{other_end:#x}: \
+                     use that one, or free it first"
+                )));
+            }
         }
         let (found, owner) = probe(device, ptr, bytes)?;
         memory.kind = match (device, found) {
             (Device::Cuda(i), PointerType::Unregistered) => {
                 // SAFETY: precondition 1: the range stays allocated and in place until
                 // `release` unregisters it.
-                if unsafe { raw::host_register_if_allowed(i, ptr.cast::<c_void>(), bytes) }? {
+                if unsafe { register(i, ptr.cast::<c_void>(), bytes, read_only) } {
                     memory.registered = Some(i);
                     MemoryKind::Pinned
                 } else {
@@ -119,11 +140,16 @@ impl ForeignMemory {
                 )))
             }
         };
+        live.insert(start, start + bytes);
+        memory.listed = true;
         Ok(memory)
     }
 
-    /// The first byte.
+    /// The first byte (NULL when empty, as for every empty buffer).
     pub(crate) fn as_ptr(&self) -> *mut u8 {
+        if self.bytes == 0 {
+            return std::ptr::null_mut();
+        }
         self.ptr
     }
 
@@ -180,17 +206,47 @@ impl ForeignMemory {
             // SAFETY: registered in `wrap`; no queued use is left.
             unsafe { raw::host_unregister(i, self.ptr.cast::<c_void>()) }?;
         }
+        // Only now are the bytes free for another wrapper (after a failure: never).
+        if std::mem::take(&mut self.listed) {
+            live_wrappers().remove(&(self.ptr as usize));
+        }
         Ok(())
     }
+}
+
+/// The byte ranges of the live wrappers (start -> end), which never overlap.
+fn live_wrappers() -> MutexGuard<'static, BTreeMap<usize, usize>> {
+    static LIVE: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
+    LIVE.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Page-locks pageable memory for `device` when the driver allows (see the module rules):
+/// whether it did.
+///
+/// # Safety
+///
+/// As [`raw::host_register`].
+unsafe fn register(device: u32, ptr: *mut c_void, bytes: usize, read_only: bool) -> bool {
+    // SAFETY: the caller's contract, unchanged.
+    if let Ok(pinned) = unsafe { raw::host_register_if_allowed(device, ptr, bytes) } {
+        return pinned;
+    }
+    // Memory mapped read-only needs the read-only flag (where the device supports it).
+    let flags = (sys::CUFERRY_REGISTER_PORTABLE | sys::CUFERRY_REGISTER_READ_ONLY) as u32;
+    // SAFETY: as above.
+    read_only && unsafe { raw::host_register(device, ptr, bytes, flags) }.is_ok()
 }
 
 /// What CUDA says `ptr..ptr+bytes` is (`bytes` > 0), and its device: both ends must agree.
 fn probe(device: Device, ptr: *mut u8, bytes: usize) -> Result<(PointerType, i32)> {
     match device {
         Device::Cuda(i) => make_current(i)?,
-        Device::Host => match active_device() {
-            Ok(Some(i)) => ensure_context(i)?,
-            // No context in the process (or no CUDA in the build): no CUDA allocation exists.
+        // Without the driver loaded no CUDA allocation exists; asking would load it.
+        Device::Host if !driver_loaded() => return Ok((PointerType::Unregistered, -1)),
+        Device::Host => match (thread_has_context(), active_device()) {
+            (Ok(true), _) => {}
+            (_, Ok(Some(i))) => ensure_context(i)?,
+            // No context current or active (or no CUDA in the build): nothing to ask.
             _ => return Ok((PointerType::Unregistered, -1)),
         },
     }
@@ -204,6 +260,19 @@ fn probe(device: Device, ptr: *mut u8, bytes: usize) -> Result<(PointerType, i32
         )));
     }
     Ok(first)
+}
+
+/// Whether the CUDA driver library is loaded in the process (asking loads nothing).
+fn driver_loaded() -> bool {
+    // SAFETY: RTLD_NOLOAD only looks the library up; a handle found is closed again at once.
+    unsafe {
+        let handle = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
+        if handle.is_null() {
+            return false;
+        }
+        libc::dlclose(handle);
+    }
+    true
 }
 
 impl Drop for ForeignMemory {
@@ -298,6 +367,37 @@ mod tests {
         let empty = unsafe { ForeignMemory::wrap(Device::Host, std::ptr::null_mut(), 0, false) }.unwrap();
         assert_eq!((empty.len(), empty.kind()), (0, MemoryKind::Pageable));
         empty.release().unwrap();
+    }
+
+    /// A wrap touching bytes a live wrapper holds is refused (their copies would not be
+    /// ordered); adjacent ranges are fine, and the bytes are free again once released.
+    #[test]
+    fn overlapping_wrappers_are_refused_until_the_first_is_released() {
+        let mut data = vec![0u8; 64];
+        let base = data.as_mut_ptr();
+        let first = wrap_vec(Device::Host, &mut data[16..32], false).unwrap();
+        for (offset, len) in [(16, 16), (0, 17), (31, 1), (20, 4), (0, 64)] {
+            // SAFETY: refused before the memory is used.
+            let again = unsafe { ForeignMemory::wrap(Device::Host, base.wrapping_add(offset), len, true) };
+            assert!(
+                matches!(&again, Err(Error::InvalidArgument { what }) if what.contains("live wrapper")),
+                "{offset}+{len}: {again:?}"
+            );
+        }
+        // SAFETY: `data` outlives both wrappers; no copy runs.
+        let (before, after) = unsafe {
+            (
+                ForeignMemory::wrap(Device::Host, base, 16, true).unwrap(),
+                ForeignMemory::wrap(Device::Host, base.wrapping_add(32), 32, true).unwrap(),
+            )
+        };
+        first.release().unwrap();
+        // SAFETY: as above.
+        let whole_middle =
+            unsafe { ForeignMemory::wrap(Device::Host, base.wrapping_add(16), 16, false) }.unwrap();
+        for w in [before, after, whole_middle] {
+            w.release().unwrap();
+        }
     }
 
     #[test]

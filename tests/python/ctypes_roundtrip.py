@@ -131,12 +131,28 @@ with lib.stream(device) as stream, lib.device_buffer(stream, 16 * item) as dev:
             self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, True),
                                              "strides": strides, "version": 3}
 
-    with lib.wrap(device, Face(dev.ptr, 16 * item)) as face, lib.pinned(device, 16 * item) as back:
-        assert face.read_only and face.ptr == dev.ptr
-        lib.copy(stream, face, back, 16 * item)
-        assert back.read() == bytes(out[:16 * item]), "the wrapped device memory reads differently"
+    if device == cuferry.HOST:
+        try:
+            lib.wrap(device, Face(dev.ptr, 16 * item))
+            raise AssertionError("a CUDA array was wrapped for the host backend")
+        except ValueError as e:
+            assert "host backend" in str(e), e
+    else:
+        with lib.wrap(device, Face(dev.ptr, 16 * item)) as face, lib.pinned(device, 16 * item) as back:
+            assert face.read_only and face.ptr == dev.ptr
+            lib.copy(stream, face, back, 16 * item)
+            assert back.read() == bytes(out[:16 * item]), "the wrapped device memory reads differently"
+    # One memory, one live wrapper: a second over any of its bytes raises, until the first
+    # is freed.
+    with lib.wrap(device, out) as first:
+        try:
+            lib.wrap(device, memoryview(out)[8:16])
+            raise AssertionError("a second wrapper over live wrapped bytes was made")
+        except cuferry.CuferryError as e:
+            assert "live wrapper" in e.message, e
+    lib.wrap(device, memoryview(out)[8:16]).free()
     try:
-        lib.wrap(device, Face(dev.ptr, 8, strides=(2,)))
+        lib.wrap(0, Face(dev.ptr, 8, strides=(2,)))
         raise AssertionError("a strided CUDA array was wrapped")
     except ValueError as e:
         assert "contiguous" in str(e), e
