@@ -75,8 +75,9 @@
  *   from, never unpacked into.
  * - Packing and unpacking are queued on the packer's stream; `cuferry_halo_pack_buffer` and
  *   `cuferry_halo_unpack_buffer` wait for it and return the buffer's address and size.
- * - The packer's stream is ordered after cuferry's own work on the arrays (copies through
- *   `cuferry_copy`), not after work cuferry did not queue: your kernels or copies writing the
+ * - The packer's stream is ordered after cuferry's own work on the arrays through the same
+ *   handles (copies through `cuferry_copy`), not after work cuferry did not queue (nor
+ *   through another handle of the memory, such as the buffer a wrapper points into): your kernels or copies writing the
  *   arrays, or the received bytes in the unpack buffer (CUDA-aware MPI), must have finished
  *   before `cuferry_halo_pack` / `cuferry_halo_unpack` is called.
  * - The addresses from `cuferry_halo_pack_buffer` / `cuferry_halo_unpack_buffer` stay valid
@@ -613,9 +614,9 @@ enum CuferryStatus cuferry_device_alloc(const struct CuferryStream *stream,
  * # Safety
  *
  * `ptr..ptr+bytes` is memory of one allocation that stays allocated, in place, until the
- * wrapper is freed; while a copy through the wrapper is queued or running, nothing else
- * writes the memory (nor reads it while the copy writes it); `out` is NULL or valid for
- * writing a pointer.
+ * wrapper is freed; while a use through the wrapper (a copy, a halo pack or unpack) is
+ * queued or running, nothing else writes the memory (nor reads it while the use writes it);
+ * `out` is NULL or valid for writing a pointer.
  */
 enum CuferryStatus cuferry_buffer_wrap(int32_t device,
                                        void *ptr,

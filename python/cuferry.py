@@ -1187,7 +1187,8 @@ class HaloExchange:
 class HaloPacker(_Handle):
     """A halo packer (`cuferry_halo_packer_create`): packs every exchange's region of its array
     into one buffer and unpacks the received buffer, on the packer's stream. Arrays are
-    `Buffer`s from `Library.device_buffer` on the packer's device, one per exchange."""
+    `Buffer`s the packer reaches, one per exchange: from `Library.device_buffer`, or
+    `Library.wrap` of the device's own memory (any buffer on the host backend)."""
 
     _free = "cuferry_halo_packer_destroy"
 

@@ -68,7 +68,7 @@ pub use device::{
 pub use error::{take_drop_error, Error, Result};
 pub use event::Event;
 pub use memory::{
-    DeviceBuffer, Element, HostRegistration, Memory, MemoryKind, PinnedBuffer, PinnedOptions,
+    DeviceBuffer, Element, HostRegistration, Memory, MemoryKind, PinnedBuffer, PinnedOptions, WriteShared,
     MAX_ELEMENT_ALIGN,
 };
 /// The complex numbers of linop's complex fields (`Complex<f32>`, `Complex<f64>`), re-exported

@@ -1,7 +1,8 @@
 //! `cuferry_buffer_wrap`: the caller's own memory as a copy's source and destination through
 //! the C ABI, on both backends, against plain loops written here; and the refusals (bad
-//! ranges, flags and devices, writes into read-only memory, wrapped halo arrays), which leave
-//! the memory untouched and write no out-parameter.
+//! ranges, flags and devices, writes into read-only memory, two handles of one memory in one
+//! halo unpack), which leave the memory untouched and write no out-parameter; and a code's own
+//! fields as halo arrays.
 
 mod common;
 
@@ -289,6 +290,36 @@ fn own_fields_are_halo_arrays(device: Device) {
     ok(unsafe { cuferry_stream_destroy(s) }, "stream_destroy");
 }
 
+/// A buffer and a wrapper of its own memory at an offset are two handles of one memory:
+/// unpacking both in one call is refused (their regions cannot be compared, and two threads
+/// or blocks would write the shared bytes), packing from both is fine.
+fn two_handles_of_one_memory_are_not_unpacked_together(device: Device) {
+    let s = stream(device);
+    let allocation = device_buffer(s, 64);
+    // SAFETY: a live handle; its zeroing is waited for before the wrapper is used.
+    let raw = unsafe {
+        ok(cuferry_buffer_synchronize(allocation), "synchronize");
+        cuferry_buffer_ptr(allocation)
+    };
+    let (mut shifted, mut packer) = (ptr::null_mut(), ptr::null_mut());
+    let exchanges = [common::exchange_1d(), common::exchange_1d()];
+    // SAFETY: the allocation outlives the wrapper; writable out-parameters; live handles.
+    unsafe {
+        ok(cuferry_buffer_wrap(ordinal(device), raw.cast::<u8>().add(8).cast(), 32, 0, &mut shifted), "wrap");
+        ok(cuferry_halo_packer_create(ordinal(device), exchanges.as_ptr(), 2, &mut packer), "packer");
+        let arrays = [allocation.cast_const(), shifted.cast_const()];
+        ok(cuferry_halo_pack(packer, arrays.as_ptr(), 2), "pack");
+        assert_eq!(cuferry_halo_unpack(packer, arrays.as_ptr(), 2), CuferryStatus::InvalidArgument);
+        let message = last_error();
+        assert!(message.contains("share memory"), "{message}");
+        ok(cuferry_halo_packer_destroy(packer), "destroy");
+    }
+    free(shifted);
+    free(allocation);
+    // SAFETY: a live stream, not used again.
+    ok(unsafe { cuferry_stream_destroy(s) }, "stream_destroy");
+}
+
 on_both_backends! {
     round_trip_through_device_memory => a_round_trip_through_device_memory;
     batch_gathers_items_from_wrapped_memory => a_batch_gathers_items_from_wrapped_memory;
@@ -296,4 +327,5 @@ on_both_backends! {
     bad_wraps_are_refused => bad_wraps_are_refused;
     device_memory_is_wrapped_for_its_device_only => device_memory_is_wrapped_for_its_device_only;
     own_fields_are_halo_arrays => own_fields_are_halo_arrays;
+    two_handles_of_one_memory_are_not_unpacked_together => two_handles_of_one_memory_are_not_unpacked_together;
 }

@@ -14,8 +14,9 @@
 //!   from, never unpacked into.
 //! - Packing and unpacking are queued on the packer's stream; `cuferry_halo_pack_buffer` and
 //!   `cuferry_halo_unpack_buffer` wait for it and return the buffer's address and size.
-//! - The packer's stream is ordered after cuferry's own work on the arrays (copies through
-//!   `cuferry_copy`), not after work cuferry did not queue: your kernels or copies writing the
+//! - The packer's stream is ordered after cuferry's own work on the arrays through the same
+//!   handles (copies through `cuferry_copy`), not after work cuferry did not queue (nor
+//!   through another handle of the memory, such as the buffer a wrapper points into): your kernels or copies writing the
 //!   arrays, or the received bytes in the unpack buffer (CUDA-aware MPI), must have finished
 //!   before `cuferry_halo_pack` / `cuferry_halo_unpack` is called.
 //! - The addresses from `cuferry_halo_pack_buffer` / `cuferry_halo_unpack_buffer` stay valid
@@ -225,8 +226,10 @@ pub unsafe extern "C" fn cuferry_halo_unpack(
     arrays: *const *const CuferryBuffer,
     n: usize,
 ) -> CuferryStatus {
-    // SAFETY: the caller's contract, passed on.
-    unsafe { with_arrays(packer, arrays, n, true, |p, list| p.unpack(list, None)) }
+    // SAFETY: the caller's contract, passed on; and for `unpack_unchecked`: C reads a buffer's memory only after
+    // `cuferry_buffer_synchronize` or `cuferry_halo_synchronize` (the header's rules), and
+    // Rust holds no host view of a C buffer.
+    unsafe { with_arrays(packer, arrays, n, true, |p, list| p.unpack_unchecked(list, None)) }
 }
 
 /// Waits for the packer's queued work.

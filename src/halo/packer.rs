@@ -8,12 +8,13 @@
 //!   memory of the packer's device (a [`DeviceBuffer`], a [`ManagedBuffer`], the C ABI's
 //!   wrapped memory); on the host backend, memory host code may touch while kernels run
 //!   (not CUDA device memory; managed memory of a CUDA device only with
-//!   `concurrentManagedAccess`). One call mixes kinds as `&dyn Memory<T>`.
+//!   `concurrentManagedAccess`). One call mixes kinds as `&dyn Memory<T>`. `unpack` writes
+//!   through shared references, so it takes only memory safe code sees through tracked work
+//!   ([`WriteShared`]); managed and host memory, which hand out `&self` host views, are
+//!   unpacked by the unsafe `unpack_unchecked`.
 //! - `pack` and `unpack` check every array (element type, reach, length covering the spec's
 //!   strided extent) before queueing anything, then queue the work on the packer's stream and
 //!   return at once. On CUDA that is ONE kernel launch per call; on the host backend ONE job.
-//!
-//! [`ManagedBuffer`]: crate::managed::ManagedBuffer
 //! - The queued work is recorded on the tracker of every array and buffer it touches (pack
 //!   reads the arrays and writes the pack buffer, unpack the reverse), so it is ordered after
 //!   earlier work on them (any stream; for what it only reads, after their last write), later
@@ -25,8 +26,11 @@
 //! - `unpack` writes through shared references, like a copy queued on the stream: only tracked
 //!   work (copies, `to_vec`, drops) can observe the arrays, and it runs after the unpack. One
 //!   array may appear in several exchanges; their unpack regions must then be disjoint.
+//! - Two arrays of one unpack sharing memory at different addresses are refused.
 //! - The rotation is applied once, by `pack`. `unpack` writes each slot into its unpack region
 //!   in row-major order, unturned and unnegated.
+//!
+//! [`ManagedBuffer`]: crate::managed::ManagedBuffer
 
 use std::sync::Arc;
 
@@ -43,7 +47,7 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::memory::sealed::Sealed;
 use crate::memory::tracker::{Access, UseTracker};
-use crate::memory::{check_host_stream_access, DeviceBuffer, Element, Memory, MemoryKind};
+use crate::memory::{check_host_stream_access, DeviceBuffer, Element, Memory, MemoryKind, WriteShared};
 use crate::stream::Stream;
 
 /// Host-backend packs and unpacks of at most this many bytes run on the calling thread when
@@ -88,9 +92,9 @@ pub struct HaloPacker {
     pack_buf: PooledBuffer,
     unpack_buf: PooledBuffer,
     backend: Backend,
-    /// The unpack array addresses whose aliasing was checked last (the check is skipped when
+    /// The unpack arrays (address, bytes) whose aliasing was checked last (the check is skipped when
     /// the same arrays come again).
-    unpack_checked: Option<Vec<usize>>,
+    unpack_checked: Option<Vec<(usize, usize)>>,
     /// Most threads a host job uses.
     host_threads: usize,
 }
@@ -301,13 +305,38 @@ impl HaloPacker {
 
     /// Queues the unpacking of the unpack buffer into every unpack region (in row-major order,
     /// not turned: the rotation was applied by the pack). Arguments as for
-    /// [`HaloPacker::pack`].
+    /// [`HaloPacker::pack`], of memory safe code sees only through tracked work
+    /// ([`WriteShared`]: device buffers); [`HaloPacker::unpack_unchecked`] takes managed and
+    /// host memory.
     ///
     /// # Errors
     ///
     /// As [`HaloPacker::pack`], and [`Error::InvalidArgument`] when one array is passed for two
-    /// exchanges with different specs or overlapping unpack regions.
-    pub fn unpack<T: Element, A: Memory<T> + ?Sized>(
+    /// exchanges with different specs or overlapping unpack regions, or two arrays share
+    /// memory at different addresses.
+    pub fn unpack<T: Element, A: WriteShared<T> + ?Sized>(
+        &mut self,
+        arrays_x: &[&A],
+        arrays_y: Option<&[&A]>,
+    ) -> Result<()> {
+        self.run(Direction::Unpack, arrays_x, arrays_y)
+    }
+
+    /// [`HaloPacker::unpack`] into any memory the packer reaches: managed buffers, and host
+    /// memory on the host backend. The unpack writes through shared references, and those
+    /// buffers also give host views through `&self` (`as_slice`), which the borrow checker
+    /// cannot keep from overlapping the queued write.
+    ///
+    /// # Errors
+    ///
+    /// As [`HaloPacker::unpack`].
+    ///
+    /// # Safety
+    ///
+    /// 1. No host view of an array (`as_slice`, a raw pointer) is used from the call until the
+    ///    unpack has finished (a tracked wait: `synchronize`, `as_slice` called afterwards,
+    ///    or the packer's [`HaloPacker::synchronize`]).
+    pub unsafe fn unpack_unchecked<T: Element, A: Memory<T> + ?Sized>(
         &mut self,
         arrays_x: &[&A],
         arrays_y: Option<&[&A]>,
@@ -552,18 +581,33 @@ impl HaloPacker {
         Ok(())
     }
 
-    /// Rejects one array passed for two slots with different specs or overlapping regions.
+    /// Rejects one array passed for two slots with different specs or overlapping regions,
+    /// and two arrays sharing memory at different addresses (two handles of one memory: a
+    /// wrapper and the buffer it points into), whose regions cannot be compared.
     fn check_unpack_aliasing<A: Sealed + ?Sized>(&mut self, arrays: &Arrays<'_, A>) -> Result<()> {
         let plan = &self.plan;
-        let targets: Vec<(usize, ArrayRef)> =
-            plan.unpack.iter().map(|t| (arrays.get(t.array).raw_parts().ptr as usize, t.array)).collect();
-        let key: Vec<usize> = targets.iter().map(|t| t.0).collect();
+        let targets: Vec<((usize, usize), ArrayRef)> = plan
+            .unpack
+            .iter()
+            .map(|t| {
+                let parts = arrays.get(t.array).raw_parts();
+                ((parts.ptr as usize, parts.bytes), t.array)
+            })
+            .collect();
+        let key: Vec<(usize, usize)> = targets.iter().map(|t| t.0).collect();
         if self.unpack_checked.as_ref() == Some(&key) {
             return Ok(());
         }
-        for (i, &(addr_a, a)) in targets.iter().enumerate() {
-            for &(addr_b, b) in &targets[i + 1..] {
+        for (i, &((addr_a, bytes_a), a)) in targets.iter().enumerate() {
+            for &((addr_b, bytes_b), b) in &targets[i + 1..] {
                 if addr_a != addr_b {
+                    if addr_a < addr_b + bytes_b && addr_b < addr_a + bytes_a {
+                        return Err(Error::invalid(format!(
+                            "{:?} array {} and {:?} array {} share memory at different addresses: \
+                             pass one handle of it",
+                            a.component, a.quantity, b.component, b.quantity
+                        )));
+                    }
                     continue;
                 }
                 let (ea, eb) = (plan.exchange(a), plan.exchange(b));

@@ -147,6 +147,32 @@ pub trait Memory<T: Element>: sealed::Sealed {
     fn kind(&self) -> MemoryKind;
 }
 
+/// Memory safe code reaches only through tracked work (copies, `to_vec`, drops), never
+/// through a host view borrowed from `&self`: what a queued write through a shared reference
+/// may target, such as [`HaloPacker::unpack`](crate::halo::HaloPacker::unpack). A
+/// [`DeviceBuffer`] is; pinned, registered and managed memory are not (their `as_slice`
+/// takes `&self`).
+///
+/// # Examples
+///
+/// A slice of a pinned buffer could be held across its unpack, so `unpack` refuses it:
+///
+/// ```compile_fail
+/// use cuferry::halo::{ElementType, HaloExchange, HaloPacker, HaloSpec, HorizontalDims};
+/// use cuferry::{Device, PinnedBuffer};
+/// let spec = HaloSpec::contiguous(ElementType::F64, &[4, 4], HorizontalDims::xy(0, 1))?;
+/// let ex = HaloExchange::new(&spec, &[0..1, 0..4], 0, &[3..4, 0..4])?;
+/// let mut packer = HaloPacker::new(Device::Host, &[ex], None)?;
+/// let pinned = PinnedBuffer::<f64>::zeroed(Device::Host, 16)?;
+/// let view = pinned.as_slice()?;
+/// packer.unpack(&[&pinned], None)?; // would write under `view`
+/// assert_eq!(view[12], 0.0);
+/// # Ok::<(), cuferry::Error>(())
+/// ```
+pub trait WriteShared<T: Element>: Memory<T> {}
+
+impl<T: Element> WriteShared<T> for DeviceBuffer<T> {}
+
 /// Test support for memory leaked on purpose.
 #[cfg(test)]
 pub(crate) mod leaked_on_purpose {
