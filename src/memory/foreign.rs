@@ -159,11 +159,12 @@ impl ForeignMemory {
         self.registered.is_some()
     }
 
-    /// The wrapper as a copy destination: [`Error::InvalidArgument`] when it is read-only.
+    /// The wrapper as memory cuferry writes (a copy's destination, an unpacked halo array):
+    /// [`Error::InvalidArgument`] when it is read-only.
     pub(crate) fn writable(&self) -> Result<&Self> {
         if self.read_only {
             return Err(Error::invalid(format!(
-                "the {} bytes at {:p} were wrapped read-only: they are never a copy's destination",
+                "the {} bytes at {:p} were wrapped read-only: cuferry never writes them",
                 self.bytes, self.ptr
             )));
         }
