@@ -70,6 +70,7 @@ unsafe impl Send for SendPtr {}
 /// on a host stream for managed memory of a device without `concurrentManagedAccess`; CUDA
 /// launch errors.
 pub fn fill_pattern_u32<M: Memory<u32> + ?Sized>(stream: &Stream, dst: &mut M, seed: u32) -> Result<()> {
+    dst.check_writable()?;
     check_reachable(stream, dst.kind())?;
     let parts = dst.raw_parts();
     let (ptr, n) = (parts.ptr.cast::<u32>(), dst.len());

@@ -68,8 +68,8 @@ pub use device::{
 pub use error::{take_drop_error, Error, Result};
 pub use event::Event;
 pub use memory::{
-    DeviceBuffer, Element, HostRegistration, Memory, MemoryKind, PinnedBuffer, PinnedOptions, WriteShared,
-    MAX_ELEMENT_ALIGN,
+    DeviceBuffer, Element, ForeignBuffer, HostRegistration, Memory, MemoryKind, PinnedBuffer, PinnedOptions,
+    WriteShared, MAX_ELEMENT_ALIGN,
 };
 /// The complex numbers of linop's complex fields (`Complex<f32>`, `Complex<f64>`), re-exported
 /// so that a user needs no dependency of a matching version: `cuferry::num_complex::Complex64`.

@@ -25,7 +25,7 @@ use cuferry::halo::{
     MAX_INLINE_DESCRIPTORS,
 };
 use cuferry::managed::{ManagedBuffer, ManagedPool, ManagedPoolOptions};
-use cuferry::{Device, DeviceBuffer, Element, Error, Memory, PinnedBuffer, Stream};
+use cuferry::{Device, DeviceBuffer, Element, Error, ForeignBuffer, Memory, PinnedBuffer, Stream};
 
 // ---- the reference ---------------------------------------------------------------------------
 
@@ -409,9 +409,17 @@ struct Outcome<T> {
 enum Placing {
     /// Every array a `DeviceBuffer`.
     Device,
-    /// Arrays in turn in device, managed and (host backend only) pinned memory, passed to the
-    /// packer together as `&dyn Memory<T>`.
+    /// Arrays in turn in device, managed, (host backend only) pinned and wrapped memory (a
+    /// `ForeignBuffer` over a `Vec` on the host, over a device allocation on CUDA), passed to
+    /// the packer together as `&dyn Memory<T>`.
     Mixed,
+}
+
+/// Memory a `ForeignBuffer` wraps: a `Vec` on the host, a device allocation on CUDA (standing
+/// in for another library's).
+enum Owner<T: Element> {
+    Host(Vec<T>),
+    Device(DeviceBuffer<T>),
 }
 
 /// One array of `run_crate`, in the memory `Placing` chose.
@@ -419,10 +427,13 @@ enum Array<T: Element> {
     Device(DeviceBuffer<T>),
     Managed(ManagedBuffer<T>),
     Pinned(PinnedBuffer<T>),
+    /// The wrapper is dropped (waiting for its uses) before the memory it wraps.
+    Foreign(ForeignBuffer<T>, Owner<T>),
 }
 
 impl<T: Element> Array<T> {
-    /// `data` in memory of kind `k` (0 device, 1 managed, 2 pinned) for `stream`'s device.
+    /// `data` in memory of kind `k` (0 device, 1 managed, 2 pinned, 3 wrapped) for `stream`'s
+    /// device.
     fn new(stream: &Stream, pool: Option<&ManagedPool>, k: usize, data: &[T]) -> Self {
         match (k, pool) {
             (1, Some(pool)) => {
@@ -431,6 +442,25 @@ impl<T: Element> Array<T> {
                 Array::Managed(m)
             }
             (2, _) => Array::Pinned(PinnedBuffer::from_slice(stream.device(), data).unwrap()),
+            (3, _) => {
+                let mut owner = match stream.device() {
+                    Device::Host => Owner::Host(data.to_vec()),
+                    Device::Cuda(_) => {
+                        let d = DeviceBuffer::from_slice(stream, data).unwrap();
+                        d.synchronize().unwrap(); // the wrapper's tracker does not see the upload
+                        Owner::Device(d)
+                    }
+                };
+                let (ptr, len) = match &mut owner {
+                    Owner::Host(v) => (v.as_mut_ptr(), v.len()),
+                    Owner::Device(d) => (d.as_mut_ptr(), d.len()),
+                };
+                // SAFETY: the owner lives in the same variant, after the wrapper, so it is
+                // dropped only once the wrapper has waited for its uses; nothing else touches
+                // the memory until then (`read` synchronizes the wrapper first).
+                let wrapped = unsafe { ForeignBuffer::wrap(stream.device(), ptr, len) }.unwrap();
+                Array::Foreign(wrapped, owner)
+            }
             _ => Array::Device(DeviceBuffer::from_slice(stream, data).unwrap()),
         }
     }
@@ -440,6 +470,7 @@ impl<T: Element> Array<T> {
             Array::Device(d) => d,
             Array::Managed(m) => m,
             Array::Pinned(p) => p,
+            Array::Foreign(w, _) => w,
         }
     }
 
@@ -449,6 +480,13 @@ impl<T: Element> Array<T> {
             Array::Device(d) => d.to_vec(stream).unwrap(),
             Array::Managed(m) => m.as_slice().unwrap()[..len].to_vec(),
             Array::Pinned(p) => p.as_slice().unwrap().to_vec(),
+            Array::Foreign(w, owner) => {
+                w.synchronize().unwrap();
+                match owner {
+                    Owner::Host(v) => v.clone(),
+                    Owner::Device(d) => d.to_vec(stream).unwrap(),
+                }
+            }
         }
     }
 }
@@ -485,20 +523,23 @@ fn run_crate<T: Val>(
     let stream = packer.stream().clone();
     let pool =
         (placing == Placing::Mixed).then(|| ManagedPool::new(device, ManagedPoolOptions::default()).unwrap());
-    let kinds = if device.is_host() { 3 } else { 2 };
-    let place = |arrays: &mut dyn Iterator<Item = &Vec<T>>| -> Vec<Array<T>> {
-        let kind = |i: usize| if placing == Placing::Mixed { i % kinds } else { 0 };
+    // Pinned memory (2) is out of a CUDA kernel's reach.
+    let kinds: &[usize] = if device.is_host() { &[0, 1, 2, 3] } else { &[0, 1, 3] };
+    // List `arrays` takes the kinds in turn from the `first`: the destinations start two
+    // kinds on from the sources, the y arrays one more, so that one- and two-quantity cases
+    // reach the later kinds too.
+    let place = |first: usize, arrays: &mut dyn Iterator<Item = &Vec<T>>| -> Vec<Array<T>> {
+        let kind = |i: usize| if placing == Placing::Mixed { kinds[(first + i) % kinds.len()] } else { 0 };
         arrays.enumerate().map(|(i, v)| Array::new(&stream, pool.as_ref(), kind(i), v)).collect()
     };
-    let src_x = place(&mut qs.iter().map(|q| &q.src_x));
-    // The y arrays start one kind further on, so each list mixes kinds even for one quantity.
-    let src_y = place(&mut std::iter::once(&Vec::new()).chain(qs.iter().map(|q| &q.src_y)));
-    let dst_x = place(&mut qs.iter().map(|q| &q.dst_x));
-    let dst_y = place(&mut std::iter::once(&Vec::new()).chain(qs.iter().map(|q| &q.dst_y)));
+    let src_x = place(0, &mut qs.iter().map(|q| &q.src_x));
+    let src_y = place(1, &mut qs.iter().map(|q| &q.src_y));
+    let dst_x = place(2, &mut qs.iter().map(|q| &q.dst_x));
+    let dst_y = place(3, &mut qs.iter().map(|q| &q.dst_y));
     fn refs<T: Element>(v: &[Array<T>]) -> Vec<&dyn Memory<T>> {
         v.iter().map(Array::memory).collect()
     }
-    let (sx, sy, dx, dy) = (refs(&src_x), refs(&src_y[1..]), refs(&dst_x), refs(&dst_y[1..]));
+    let (sx, sy, dx, dy) = (refs(&src_x), refs(&src_y), refs(&dst_x), refs(&dst_y));
     packer.pack(&sx, vector.then_some(&sy[..])).unwrap();
     let packed = packer.pack_buffer().unwrap().to_vec(&stream).unwrap();
     packer.copy_pack_to_unpack().unwrap();
@@ -510,7 +551,7 @@ fn run_crate<T: Val>(
         v.iter().zip(lens).map(|(a, len)| a.read(&stream, len)).collect::<Vec<_>>()
     };
     let dst_x = down(&dst_x, &mut qs.iter().map(|q| q.dst_x.len()));
-    let dst_y = if vector { down(&dst_y[1..], &mut qs.iter().map(|q| q.dst_y.len())) } else { Vec::new() };
+    let dst_y = if vector { down(&dst_y, &mut qs.iter().map(|q| q.dst_y.len())) } else { Vec::new() };
     let out = Outcome { packed, dst_x, dst_y };
     assert!(packer.ready().unwrap());
     out

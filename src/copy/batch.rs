@@ -154,6 +154,7 @@ impl<'a> CopyBatch<'a> {
         S: Memory<T> + ?Sized,
         D: Memory<T> + ?Sized,
     {
+        dst.check_writable()?;
         let direction = direction(self.stream.device(), src.kind(), dst.kind())?;
         let size = std::mem::size_of::<T>();
         for (k, r) in ranges.iter().enumerate() {

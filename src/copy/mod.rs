@@ -130,6 +130,7 @@ where
     S: Memory<T> + ?Sized,
     D: Memory<T> + ?Sized,
 {
+    dst.check_writable()?;
     let size = std::mem::size_of::<T>();
     check_range(|| "source".into(), src_offset, len, src.len(), size)?;
     check_range(|| "destination".into(), dst_offset, len, dst.len(), size)?;

@@ -19,8 +19,8 @@ use std::ffi::c_void;
 use super::{device_of, guard, handle, slice_of, write_out, CuferryStatus, CuferryStream};
 use crate::copy::{copy_range_tracked, CopyBatch, CopyRange};
 use crate::error::{Error, Result};
-use crate::memory::foreign::ForeignMemory;
-use crate::memory::{DeviceBuffer, Memory, PinnedBuffer};
+use crate::memory::sealed::Sealed;
+use crate::memory::{DeviceBuffer, ForeignBuffer, Memory, PinnedBuffer};
 
 /// A cuferry buffer: pinned host memory, device memory, or memory the caller owns and
 /// wrapped (opaque).
@@ -31,7 +31,7 @@ pub struct CuferryBuffer {
 pub(crate) enum BufferMemory {
     Pinned(PinnedBuffer<u8>),
     Device(DeviceBuffer<u8>),
-    Wrapped(ForeignMemory),
+    Wrapped(ForeignBuffer<u8>),
 }
 
 impl BufferMemory {
@@ -47,7 +47,7 @@ impl BufferMemory {
     /// The memory, as copies write it: a read-only wrapper is refused.
     pub(crate) fn destination(&self) -> Result<&dyn Memory<u8>> {
         match self {
-            BufferMemory::Wrapped(w) => Ok(w.writable()?),
+            BufferMemory::Wrapped(w) => w.check_writable().map(|()| w as &dyn Memory<u8>),
             other => Ok(other.source()),
         }
     }
@@ -182,7 +182,8 @@ pub unsafe extern "C" fn cuferry_buffer_wrap(
         }
         let read_only = flags & CUFERRY_WRAP_READ_ONLY != 0;
         // SAFETY: the caller's contract on the memory, which is `wrap`'s.
-        let wrapped = unsafe { ForeignMemory::wrap(device_of(device)?, ptr.cast(), bytes, read_only) }?;
+        let wrapped =
+            unsafe { ForeignBuffer::wrap_with(device_of(device)?, ptr.cast::<u8>(), bytes, read_only) }?;
         let memory = BufferMemory::Wrapped(wrapped);
         // SAFETY: `out` is non-NULL and valid for writing (caller's contract).
         unsafe { write_out(out, Box::into_raw(Box::new(CuferryBuffer { memory }))) }

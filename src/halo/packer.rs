@@ -430,6 +430,7 @@ impl HaloPacker {
         let arrays = Arrays { x: arrays_x, y: arrays_y };
         self.check_arrays(&arrays)?;
         if direction == Direction::Unpack {
+            arrays.x.iter().chain(arrays.y.unwrap_or(&[])).try_for_each(|a| a.check_writable())?;
             self.check_unpack_aliasing(&arrays)?;
         }
         let plan = Arc::clone(&self.plan);

@@ -1,12 +1,15 @@
-//! `ForeignMemory`: memory another owner allocated (a NumPy array, a PyTorch or CuPy tensor, a
-//! C code's `cudaMalloc`), wrapped for cuferry's copies without taking ownership. The C ABI's
-//! `cuferry_buffer_wrap` is built on it.
+//! `ForeignBuffer`: memory another owner allocated (a `cudaMalloc` of another library, a
+//! cudarc or PyTorch allocation, a NumPy array, a C code's `malloc`), wrapped for cuferry's
+//! copies, batches and halo packs without taking ownership. The C ABI's `cuferry_buffer_wrap`
+//! is built on it (as `ForeignBuffer<u8>`).
 //!
 //! Rules:
 //! - The wrapper never frees the memory. Its owner keeps it allocated, in place, until the
-//!   wrapper is released ([`ForeignMemory::release`] or drop), which first waits for every
+//!   wrapper is released ([`ForeignBuffer::release`] or drop), which first waits for every
 //!   use queued through the wrapper. When that wait fails, a queued copy may still use the
 //!   memory, and the owner must never free it (a registration made here stays with it).
+//! - A wrapper of `T` holds `len` elements at a pointer aligned for `T` (a misaligned pointer
+//!   is refused, as is a `T` aligned to more than [`MAX_ELEMENT_ALIGN`](super::MAX_ELEMENT_ALIGN)).
 //! - Live wrappers never overlap: a wrap touching bytes another live wrapper holds is refused.
 //!   Each wrapper has its own tracker, so two over the same bytes would not order their
 //!   copies, and the first one's release could unregister pages the other's copies still
@@ -25,28 +28,55 @@
 //!   page-locked; device and managed memory are refused. CUDA is asked only when its driver
 //!   is already loaded in the process and a context is current or active (without them no
 //!   CUDA allocation can exist, and asking would load and initialise the driver).
-//! - A read-only wrapper is never a copy's destination: [`ForeignMemory::writable`] refuses it.
-//! - Uses through the wrapper are ordered by its tracker, as for every cuferry buffer. Uses the
-//!   tracker does not see (the owner's own kernels and copies, another wrapper over the same
-//!   memory) are the caller's to order against them.
+//! - A read-only wrapper ([`ForeignBuffer::wrap_read_only`]) is never written: every
+//!   operation that writes memory (a copy's or a batch's destination, an unpacked halo array,
+//!   a fill) refuses it with [`Error::InvalidArgument`] before queueing anything.
+//! - The wrapper gives no host view of the memory: uses through it are ordered by its
+//!   tracker, as for every cuferry buffer, and the owner's own access is governed by the
+//!   wrap's safety contract. Uses the tracker does not see (the owner's kernels and copies,
+//!   its reads and writes through its own pointers) are the caller's to order against them:
+//!   [`ForeignBuffer::synchronize`] waits for the wrapper's uses.
 
 use std::collections::BTreeMap;
+use std::fmt;
+use std::marker::PhantomData;
 use std::os::raw::c_void;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+use super::allocation::byte_len;
 use super::sealed::{RawParts, Sealed};
 use super::tracker::UseTracker;
-use super::{Memory, MemoryKind};
+use super::{Element, Memory, MemoryKind, WriteShared};
 use crate::cuda::device::{active_device, ensure_context, make_current, thread_has_context};
 use crate::cuda::memory::{self as raw, PointerType};
 use crate::device::Device;
 use crate::error::{record_drop_error, Error, Result};
 use crate::sys;
 
-/// Caller memory used by cuferry's copies. See the [module docs](self).
-#[derive(Debug)]
-pub(crate) struct ForeignMemory {
+/// `len` elements of memory another owner allocated, used by cuferry's copies, batches and
+/// halo packs as any cuferry buffer is. See the [module docs](self) for the rules.
+///
+/// # Examples
+///
+/// Copying a vector the program keeps (say, a replay store another library owns) to a
+/// device buffer, and the result back into it, without staging copies:
+///
+/// ```
+/// use cuferry::{copy, Device, DeviceBuffer, ForeignBuffer, Stream};
+/// let stream = Stream::new(Device::Host)?;
+/// let mut store: Vec<f64> = (0..1024).map(f64::from).collect();
+/// // SAFETY: `store` outlives the wrapper and is not touched until it is released.
+/// let mut wrapped = unsafe { ForeignBuffer::wrap(Device::Host, store.as_mut_ptr(), store.len()) }?;
+/// let mut on_device = DeviceBuffer::<f64>::zeroed(&stream, store.len())?;
+/// copy(&stream, &wrapped, &mut on_device)?;
+/// copy(&stream, &on_device, &mut wrapped)?;
+/// wrapped.release()?; // waits for both copies
+/// assert_eq!(store[1000], 1000.0);
+/// # Ok::<(), cuferry::Error>(())
+/// ```
+pub struct ForeignBuffer<T: Element> {
     ptr: *mut u8,
+    len: usize,
     bytes: usize,
     kind: MemoryKind,
     read_only: bool,
@@ -57,40 +87,96 @@ pub(crate) struct ForeignMemory {
     /// Whether the range is in `live_wrappers` (removed by a successful release).
     listed: bool,
     tracker: UseTracker,
+    _element: PhantomData<T>,
 }
 
 // SAFETY: the memory is the caller's, valid until the wrapper is released (the contract of
-// `wrap`); every access through the wrapper is ordered by its tracker, which is thread-safe.
-unsafe impl Send for ForeignMemory {}
+// `wrap`); every access through the wrapper is ordered by its tracker, which is thread-safe,
+// and `T` is plain data that crosses threads (`Element`).
+unsafe impl<T: Element> Send for ForeignBuffer<T> {}
 // SAFETY: as above; shared access reads the fields and uses the tracker's mutex.
-unsafe impl Sync for ForeignMemory {}
+unsafe impl<T: Element> Sync for ForeignBuffer<T> {}
 
-impl ForeignMemory {
-    /// Wraps `bytes` bytes at `ptr` for copies with `device` (a NULL `ptr` only with 0 bytes).
+impl<T: Element> fmt::Debug for ForeignBuffer<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ForeignBuffer")
+            .field("element", &std::any::type_name::<T>())
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .field("kind", &self.kind)
+            .field("read_only", &self.read_only)
+            .field("registered", &self.registered)
+            .finish()
+    }
+}
+
+impl<T: Element> ForeignBuffer<T> {
+    /// Wraps `len` elements at `ptr` for copies with `device`, as a source or a destination
+    /// (a NULL `ptr` only with 0 elements). See the [module docs](self) for what CUDA is asked
+    /// and what is page-locked.
     ///
     /// # Errors
     ///
-    /// As [`Device::check_available`]; [`Error::InvalidArgument`] for a NULL `ptr` with bytes,
-    /// a range past the end of the address space or larger than `isize::MAX`, bytes a live
-    /// wrapper holds, ends of two kinds or devices, device or managed memory of another
-    /// device (or for the host backend); CUDA errors of the probe.
+    /// As [`Device::check_available`]; [`Error::InvalidArgument`] for a NULL `ptr` with
+    /// elements, a `ptr` not aligned for `T`, a zero-sized or over-aligned `T`, a range past
+    /// the end of the address space or larger than `isize::MAX` bytes, bytes a live wrapper
+    /// holds, ends of two kinds or devices, device or managed memory of another device (or
+    /// for the host backend); CUDA errors of the probe.
     ///
     /// # Safety
     ///
-    /// 1. `ptr..ptr+bytes` is memory of the kind CUDA reports that stays allocated, in place,
-    ///    until the wrapper is released (after a failed release: for good).
-    /// 2. While a use queued through the wrapper runs, nothing outside its tracker writes
-    ///    the memory, nor reads it while that use writes it.
-    pub(crate) unsafe fn wrap(device: Device, ptr: *mut u8, bytes: usize, read_only: bool) -> Result<Self> {
+    /// 1. `ptr..ptr+len` is memory of the kind CUDA reports, of one allocation, that stays
+    ///    allocated, in place, until the wrapper is released (after a failed release: for
+    ///    good).
+    /// 2. While a use queued through the wrapper runs, nothing outside its tracker writes the
+    ///    memory, nor reads it while that use writes it: the owner's own access waits for
+    ///    [`ForeignBuffer::synchronize`] (or the release).
+    pub unsafe fn wrap(device: Device, ptr: *mut T, len: usize) -> Result<Self> {
+        // SAFETY: the caller's contract, unchanged.
+        unsafe { Self::wrap_with(device, ptr, len, false) }
+    }
+
+    /// [`ForeignBuffer::wrap`] for memory cuferry only reads (a weight store, memory mapped
+    /// read-only): every operation that would write it refuses the wrapper.
+    ///
+    /// # Errors
+    ///
+    /// As [`ForeignBuffer::wrap`].
+    ///
+    /// # Safety
+    ///
+    /// As [`ForeignBuffer::wrap`]; the owner may read the memory while uses through the
+    /// wrapper run (they only read it).
+    pub unsafe fn wrap_read_only(device: Device, ptr: *const T, len: usize) -> Result<Self> {
+        // SAFETY: the caller's contract, unchanged; a read-only wrapper is never written.
+        unsafe { Self::wrap_with(device, ptr.cast_mut(), len, true) }
+    }
+
+    /// The wrap of both constructors, and of the C ABI.
+    ///
+    /// # Safety
+    ///
+    /// As [`ForeignBuffer::wrap`].
+    pub(crate) unsafe fn wrap_with(device: Device, ptr: *mut T, len: usize, read_only: bool) -> Result<Self> {
         device.check_available()?;
-        if ptr.is_null() && bytes > 0 {
-            return Err(Error::invalid(format!("a NULL pointer with {bytes} bytes")));
+        let bytes = byte_len::<T>(len)?;
+        if ptr.is_null() && len > 0 {
+            return Err(Error::invalid(format!("a NULL pointer with {len} elements")));
         }
-        if bytes > isize::MAX as usize || (ptr as usize).checked_add(bytes).is_none() {
+        if !ptr.is_null() && !ptr.is_aligned() {
+            return Err(Error::invalid(format!(
+                "{ptr:p} is not aligned for {} ({} bytes)",
+                std::any::type_name::<T>(),
+                std::mem::align_of::<T>()
+            )));
+        }
+        let ptr = ptr.cast::<u8>();
+        if (ptr as usize).checked_add(bytes).is_none() {
             return Err(Error::invalid(format!("{ptr:p}..+{bytes} runs past the end of the address space")));
         }
-        let mut memory = ForeignMemory {
+        let mut memory = ForeignBuffer {
             ptr,
+            len,
             bytes,
             kind: MemoryKind::Pageable,
             read_only,
@@ -98,6 +184,7 @@ impl ForeignMemory {
             released: false,
             listed: false,
             tracker: UseTracker::default(),
+            _element: PhantomData,
         };
         if bytes == 0 {
             return Ok(memory);
@@ -145,12 +232,17 @@ impl ForeignMemory {
         Ok(memory)
     }
 
-    /// The first byte (NULL when empty, as for every empty buffer).
-    pub(crate) fn as_ptr(&self) -> *mut u8 {
+    /// The first element (NULL when empty, as for every empty buffer).
+    pub fn as_ptr(&self) -> *mut T {
         if self.bytes == 0 {
             return std::ptr::null_mut();
         }
-        self.ptr
+        self.ptr.cast()
+    }
+
+    /// Whether the wrapper refuses every write ([`ForeignBuffer::wrap_read_only`]).
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
     }
 
     /// Whether the wrapper page-locked the memory itself (and unregisters it on release).
@@ -159,35 +251,25 @@ impl ForeignMemory {
         self.registered.is_some()
     }
 
-    /// The wrapper as memory cuferry writes (a copy's destination, an unpacked halo array):
-    /// [`Error::InvalidArgument`] when it is read-only.
-    pub(crate) fn writable(&self) -> Result<&Self> {
-        if self.read_only {
-            return Err(Error::invalid(format!(
-                "the {} bytes at {:p} were wrapped read-only: cuferry never writes them",
-                self.bytes, self.ptr
-            )));
-        }
-        Ok(self)
-    }
-
-    /// Blocks until every use queued through the wrapper has finished.
+    /// Blocks until every use queued through the wrapper has finished: then the owner may
+    /// touch the memory again (until it queues another use).
     ///
     /// # Errors
     ///
     /// CUDA errors of `cudaEventSynchronize`.
-    pub(crate) fn synchronize(&self) -> Result<()> {
+    pub fn synchronize(&self) -> Result<()> {
         self.tracker.wait_idle()
     }
 
     /// Waits for the queued uses and unregisters what the wrapper registered; the memory
-    /// stays the owner's.
+    /// stays the owner's, who may free or reuse it once this returned `Ok`. Dropping the
+    /// wrapper does the same, and records a failure for [`crate::take_drop_error`].
     ///
     /// # Errors
     ///
     /// CUDA errors of the wait (the memory must then be kept for good: a use may still run)
     /// or of `cudaHostUnregister`.
-    pub(crate) fn release(mut self) -> Result<()> {
+    pub fn release(mut self) -> Result<()> {
         self.release_once()
     }
 
@@ -276,7 +358,7 @@ fn driver_loaded() -> bool {
     true
 }
 
-impl Drop for ForeignMemory {
+impl<T: Element> Drop for ForeignBuffer<T> {
     fn drop(&mut self) {
         if let Err(err) = self.release_once() {
             record_drop_error(err);
@@ -284,21 +366,35 @@ impl Drop for ForeignMemory {
     }
 }
 
-impl Sealed for ForeignMemory {
+impl<T: Element> Sealed for ForeignBuffer<T> {
     fn raw_parts(&self) -> RawParts<'_> {
         RawParts { ptr: self.ptr, bytes: self.bytes, tracker: &self.tracker }
     }
+
+    fn check_writable(&self) -> Result<()> {
+        if self.read_only {
+            return Err(Error::invalid(format!(
+                "the {} bytes at {:p} were wrapped read-only: cuferry never writes them",
+                self.bytes, self.ptr
+            )));
+        }
+        Ok(())
+    }
 }
 
-impl Memory<u8> for ForeignMemory {
+impl<T: Element> Memory<T> for ForeignBuffer<T> {
     fn len(&self) -> usize {
-        self.bytes
+        self.len
     }
 
     fn kind(&self) -> MemoryKind {
         self.kind
     }
 }
+
+/// The wrapper gives no host view through `&self`; the owner's own views of the memory are
+/// held off queued writes by the wrap's safety contract.
+impl<T: Element> WriteShared<T> for ForeignBuffer<T> {}
 
 #[cfg(test)]
 mod tests {
@@ -312,9 +408,9 @@ mod tests {
     use crate::stream::Stream;
 
     /// Wraps `data` (kept alive by the caller) for `device`.
-    fn wrap_vec(device: Device, data: &mut [u8], read_only: bool) -> Result<ForeignMemory> {
+    fn wrap_vec(device: Device, data: &mut [u8], read_only: bool) -> Result<ForeignBuffer<u8>> {
         // SAFETY: the tests keep `data` alive and untouched until the wrapper is released.
-        unsafe { ForeignMemory::wrap(device, data.as_mut_ptr(), data.len(), read_only) }
+        unsafe { ForeignBuffer::wrap_with(device, data.as_mut_ptr(), data.len(), read_only) }
     }
 
     /// Releasing the wrapper waits for a copy into the memory that is queued behind a closed
@@ -356,16 +452,16 @@ mod tests {
     fn bad_ranges_are_refused_before_anything_is_asked() {
         let refused = |ptr: *mut u8, bytes| {
             // SAFETY: each is refused before the memory is touched or registered.
-            match unsafe { ForeignMemory::wrap(Device::Host, ptr, bytes, false) } {
+            match unsafe { ForeignBuffer::wrap(Device::Host, ptr, bytes) } {
                 Err(Error::InvalidArgument { what }) => what,
                 other => panic!("{ptr:p}+{bytes}: expected InvalidArgument, got {other:?}"),
             }
         };
         assert!(refused(std::ptr::null_mut(), 1).contains("NULL"));
         assert!(refused(usize::MAX as *mut u8, 2).contains("address space"));
-        assert!(refused(8 as *mut u8, isize::MAX as usize + 1).contains("address space"));
+        assert!(refused(8 as *mut u8, isize::MAX as usize + 1).contains("overflow"));
         // SAFETY: nothing to keep alive: no bytes.
-        let empty = unsafe { ForeignMemory::wrap(Device::Host, std::ptr::null_mut(), 0, false) }.unwrap();
+        let empty = unsafe { ForeignBuffer::<u8>::wrap(Device::Host, std::ptr::null_mut(), 0) }.unwrap();
         assert_eq!((empty.len(), empty.kind()), (0, MemoryKind::Pageable));
         empty.release().unwrap();
     }
@@ -379,7 +475,8 @@ mod tests {
         let first = wrap_vec(Device::Host, &mut data[16..32], false).unwrap();
         for (offset, len) in [(16, 16), (0, 17), (31, 1), (20, 4), (0, 64)] {
             // SAFETY: refused before the memory is used.
-            let again = unsafe { ForeignMemory::wrap(Device::Host, base.wrapping_add(offset), len, true) };
+            let again =
+                unsafe { ForeignBuffer::wrap_read_only(Device::Host, base.wrapping_add(offset), len) };
             assert!(
                 matches!(&again, Err(Error::InvalidArgument { what }) if what.contains("live wrapper")),
                 "{offset}+{len}: {again:?}"
@@ -388,14 +485,13 @@ mod tests {
         // SAFETY: `data` outlives both wrappers; no copy runs.
         let (before, after) = unsafe {
             (
-                ForeignMemory::wrap(Device::Host, base, 16, true).unwrap(),
-                ForeignMemory::wrap(Device::Host, base.wrapping_add(32), 32, true).unwrap(),
+                ForeignBuffer::wrap_read_only(Device::Host, base, 16).unwrap(),
+                ForeignBuffer::wrap_read_only(Device::Host, base.wrapping_add(32), 32).unwrap(),
             )
         };
         first.release().unwrap();
         // SAFETY: as above.
-        let whole_middle =
-            unsafe { ForeignMemory::wrap(Device::Host, base.wrapping_add(16), 16, false) }.unwrap();
+        let whole_middle = unsafe { ForeignBuffer::wrap(Device::Host, base.wrapping_add(16), 16) }.unwrap();
         for w in [before, after, whole_middle] {
             w.release().unwrap();
         }
@@ -406,11 +502,11 @@ mod tests {
         let mut data = vec![1u8; 8];
         let wrapped = wrap_vec(Device::Host, &mut data, true).unwrap();
         assert!(
-            matches!(wrapped.writable(), Err(Error::InvalidArgument { what }) if what.contains("read-only"))
+            matches!(wrapped.check_writable(), Err(Error::InvalidArgument { what }) if what.contains("read-only"))
         );
         drop(wrapped);
         let wrapped = wrap_vec(Device::Host, &mut data, false).unwrap();
-        assert!(wrapped.writable().is_ok());
+        assert!(wrapped.check_writable().is_ok());
     }
 
     /// On CUDA: pageable memory is registered for the wrapper's life (and unregistered by
@@ -437,13 +533,12 @@ mod tests {
         let pinned = PinnedBuffer::<u8>::zeroed(device, pattern.len()).unwrap();
         // SAFETY: `pinned` outlives the wrapper, and nothing else uses it meanwhile.
         let mut wrapped_pinned =
-            unsafe { ForeignMemory::wrap(device, pinned.as_ptr().cast_mut(), pattern.len(), false) }.unwrap();
+            unsafe { ForeignBuffer::wrap(device, pinned.as_ptr().cast_mut(), pattern.len()) }.unwrap();
         assert_eq!(wrapped_pinned.kind(), MemoryKind::Pinned);
         assert!(!wrapped_pinned.is_registered());
         // SAFETY: `on_device` outlives the wrapper; it is only read meanwhile.
         let wrapped_device =
-            unsafe { ForeignMemory::wrap(device, on_device.as_ptr().cast_mut(), pattern.len(), true) }
-                .unwrap();
+            unsafe { ForeignBuffer::wrap_read_only(device, on_device.as_ptr(), pattern.len()) }.unwrap();
         assert_eq!(wrapped_device.kind(), MemoryKind::Device(device));
         on_device.synchronize().unwrap(); // the wrapper's tracker does not see the copy above
         copy_range(&stream, &wrapped_device, 0, &mut wrapped_pinned, 0, pattern.len()).unwrap();
@@ -452,12 +547,12 @@ mod tests {
         assert_eq!(pinned.as_slice().unwrap(), &pattern[..]);
 
         // SAFETY: refused before anything uses the memory.
-        let host = unsafe { ForeignMemory::wrap(Device::Host, on_device.as_ptr().cast_mut(), 16, false) };
+        let host = unsafe { ForeignBuffer::wrap(Device::Host, on_device.as_ptr().cast_mut(), 16) };
         assert!(matches!(&host, Err(Error::InvalidArgument { what }) if what.contains("cuda:0")), "{host:?}");
         // A range from pinned memory into what follows it is two kinds of memory.
         let end = pinned.as_ptr().wrapping_add(pattern.len() - 1).cast_mut();
         // SAFETY: refused before anything uses the memory.
-        let spanning = unsafe { ForeignMemory::wrap(device, end, 1 << 30, false) };
+        let spanning = unsafe { ForeignBuffer::wrap(device, end, 1 << 30) };
         assert!(
             matches!(&spanning, Err(Error::InvalidArgument { what }) if what.contains("ends in")),
             "{spanning:?}"

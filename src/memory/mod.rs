@@ -47,7 +47,7 @@
 pub(crate) mod allocation;
 pub(crate) mod cache;
 mod device;
-pub(crate) mod foreign;
+pub mod foreign;
 pub(crate) mod pageable;
 mod pinned;
 pub(crate) mod reaper;
@@ -61,6 +61,7 @@ pub use cache::{
     CacheStats, MAX_CACHED, MAX_CACHED_BYTES,
 };
 pub use device::DeviceBuffer;
+pub use foreign::ForeignBuffer;
 pub use pinned::{PinnedBuffer, PinnedOptions};
 pub use registered::HostRegistration;
 
@@ -133,7 +134,9 @@ pub(crate) fn cpu_page_size() -> usize {
 }
 
 /// Memory that copies can read from or write to: [`DeviceBuffer`], [`PinnedBuffer`],
-/// [`HostRegistration`] and [`ManagedBuffer`](crate::managed::ManagedBuffer). Sealed: the copy engine relies on its internals.
+/// [`HostRegistration`], [`ManagedBuffer`](crate::managed::ManagedBuffer) and
+/// [`ForeignBuffer`] (another owner's memory). Sealed: the copy engine relies on its
+/// internals.
 pub trait Memory<T: Element>: sealed::Sealed {
     /// Number of elements.
     fn len(&self) -> usize;
@@ -150,8 +153,9 @@ pub trait Memory<T: Element>: sealed::Sealed {
 /// Memory safe code reaches only through tracked work (copies, `to_vec`, drops), never
 /// through a host view borrowed from `&self`: what a queued write through a shared reference
 /// may target, such as [`HaloPacker::unpack`](crate::halo::HaloPacker::unpack). A
-/// [`DeviceBuffer`] is; pinned, registered and managed memory are not (their `as_slice`
-/// takes `&self`).
+/// [`DeviceBuffer`] is, and a [`ForeignBuffer`] (it has no host view; its owner's are held
+/// off by the wrap's contract); pinned, registered and managed memory are not (their
+/// `as_slice` takes `&self`).
 ///
 /// # Examples
 ///
@@ -206,6 +210,14 @@ pub(crate) mod sealed {
         /// The pointer, size and tracker of the memory.
         #[doc(hidden)]
         fn raw_parts(&self) -> RawParts<'_>;
+
+        /// Refuses memory cuferry must not write (a read-only
+        /// [`ForeignBuffer`](super::ForeignBuffer)): every operation that writes memory asks
+        /// before it queues anything.
+        #[doc(hidden)]
+        fn check_writable(&self) -> crate::error::Result<()> {
+            Ok(())
+        }
     }
 }
 
