@@ -564,6 +564,36 @@ enum CuferryStatus cuferry_stream_synchronize(const struct CuferryStream *stream
 enum CuferryStatus cuferry_stream_cuda_handle(const struct CuferryStream *stream, void **out);
 
 /**
+ * Orders the work queued on `stream` from now on after everything queued so far on
+ * `cuda_stream`, a `cudaStream_t` of `stream`'s device that another library made (PyTorch's
+ * `torch.cuda.current_stream().cuda_stream`, CuPy's, a code's own): call it before copying
+ * from memory that library's queued work writes. Neither stream blocks the host. NULL and
+ * `cudaStreamLegacy` (1) are the device's legacy default stream; `cudaStreamPerThread` (2)
+ * is `CUFERRY_STATUS_INVALID_ARGUMENT`; a host-backend `stream` is
+ * `CUFERRY_STATUS_UNSUPPORTED`; a stream of another device is a CUDA error.
+ *
+ * # Safety
+ *
+ * `stream` is NULL or a live stream handle; `cuda_stream` is NULL, 1 or a live
+ * `cudaStream_t` of `stream`'s device, not destroyed during the call.
+ */
+enum CuferryStatus cuferry_stream_wait_cuda_stream(const struct CuferryStream *stream,
+                                                   void *cuda_stream);
+
+/**
+ * Orders the work queued on `cuda_stream` from now on after everything queued so far on
+ * `stream`: call it before that library's work reads memory cuferry's queued work writes (a
+ * copy into a wrapped tensor, a halo unpack), instead of `cuferry_stream_synchronize`.
+ * Arguments and statuses as for [`cuferry_stream_wait_cuda_stream`].
+ *
+ * # Safety
+ *
+ * As [`cuferry_stream_wait_cuda_stream`].
+ */
+enum CuferryStatus cuferry_cuda_stream_wait_stream(void *cuda_stream,
+                                                   const struct CuferryStream *stream);
+
+/**
  * Allocates `bytes` of zeroed pinned host memory for `device` in `*out`.
  *
  * # Safety

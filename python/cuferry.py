@@ -651,6 +651,21 @@ class Stream(_Handle):
         self.lib.call("cuferry_stream_cuda_handle", self._live(), ctypes.byref(out))
         return out.value
 
+    def wait_cuda_stream(self, other):
+        """Orders the work queued on this stream from now on after everything queued so far
+        on `other`, a CUDA stream of this stream's device: a `torch.cuda.Stream`
+        (`torch.cuda.current_stream()`), a CuPy stream, another cuferry `Stream`, or a
+        `cudaStream_t` int (0: the legacy default stream). Call it before copying from a
+        tensor whose producing kernels may still run. Neither stream blocks the host. Raises
+        `CuferryError` (UNSUPPORTED) for a host-backend stream."""
+        self.lib.call("cuferry_stream_wait_cuda_stream", self._live(), _foreign_stream(other))
+
+    def make_cuda_stream_wait(self, other):
+        """Orders the work queued on `other` (as for `wait_cuda_stream`) from now on after
+        everything queued so far on this stream: call it before that library's kernels read
+        a tensor cuferry copies or unpacks into, instead of `synchronize`."""
+        self.lib.call("cuferry_cuda_stream_wait_stream", _foreign_stream(other), self._live())
+
 
 class Buffer(_Handle):
     """Pinned host or device memory (`cuferry_pinned_alloc`, `cuferry_device_alloc`), or an
@@ -1278,6 +1293,24 @@ def _raw_stream(stream, device=None):
     if isinstance(stream, int) and not isinstance(stream, bool) and 0 <= stream < 2**64:
         return stream
     raise ValueError(f"stream {stream!r}: use None, a cuferry Stream or a cudaStream_t int")
+
+
+def _foreign_stream(other):
+    """The `cudaStream_t` of a stream to order with: a `torch.cuda.Stream` (its
+    `cuda_stream`), a CuPy stream (its `ptr`), a cuferry CUDA `Stream` (its `cuda_handle`) or an
+    int handle (0: the legacy default stream)."""
+    if isinstance(other, Stream):
+        return other.cuda_handle
+    if isinstance(other, _Owned):
+        raise TypeError(f"{other!r}: a {type(other).__name__} where a stream goes")
+    for attribute in ("cuda_stream", "ptr"):
+        handle = getattr(other, attribute, None)
+        if handle is not None:
+            other = handle
+            break
+    if isinstance(other, int) and not isinstance(other, bool) and 0 <= other < 2**64:
+        return other or None
+    raise ValueError(f"stream {other!r}: use a torch.cuda.Stream, a CuPy stream or a cudaStream_t int")
 
 
 def _address(ptr):

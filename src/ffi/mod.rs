@@ -403,3 +403,49 @@ pub unsafe extern "C" fn cuferry_stream_cuda_handle(
         unsafe { write_out(out, raw.0.cast::<c_void>()) }
     })
 }
+
+/// Orders the work queued on `stream` from now on after everything queued so far on
+/// `cuda_stream`, a `cudaStream_t` of `stream`'s device that another library made (PyTorch's
+/// `torch.cuda.current_stream().cuda_stream`, CuPy's, a code's own): call it before copying
+/// from memory that library's queued work writes. Neither stream blocks the host. NULL and
+/// `cudaStreamLegacy` (1) are the device's legacy default stream; `cudaStreamPerThread` (2)
+/// is `CUFERRY_STATUS_INVALID_ARGUMENT`; a host-backend `stream` is
+/// `CUFERRY_STATUS_UNSUPPORTED`; a stream of another device is a CUDA error.
+///
+/// # Safety
+///
+/// `stream` is NULL or a live stream handle; `cuda_stream` is NULL, 1 or a live
+/// `cudaStream_t` of `stream`'s device, not destroyed during the call.
+#[no_mangle]
+pub unsafe extern "C" fn cuferry_stream_wait_cuda_stream(
+    stream: *const CuferryStream,
+    cuda_stream: *mut c_void,
+) -> CuferryStatus {
+    guard(|| {
+        // SAFETY: the caller's contract on `stream`.
+        let stream = &unsafe { handle(stream, "stream") }?.stream;
+        // SAFETY: the caller's contract on `cuda_stream`.
+        unsafe { stream.wait_cuda_stream(cuda_stream) }
+    })
+}
+
+/// Orders the work queued on `cuda_stream` from now on after everything queued so far on
+/// `stream`: call it before that library's work reads memory cuferry's queued work writes (a
+/// copy into a wrapped tensor, a halo unpack), instead of `cuferry_stream_synchronize`.
+/// Arguments and statuses as for [`cuferry_stream_wait_cuda_stream`].
+///
+/// # Safety
+///
+/// As [`cuferry_stream_wait_cuda_stream`].
+#[no_mangle]
+pub unsafe extern "C" fn cuferry_cuda_stream_wait_stream(
+    cuda_stream: *mut c_void,
+    stream: *const CuferryStream,
+) -> CuferryStatus {
+    guard(|| {
+        // SAFETY: the caller's contract on `stream`.
+        let stream = &unsafe { handle(stream, "stream") }?.stream;
+        // SAFETY: the caller's contract on `cuda_stream`.
+        unsafe { stream.make_cuda_stream_wait(cuda_stream) }
+    })
+}

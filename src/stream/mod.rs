@@ -16,6 +16,13 @@
 //! - [`Stream::wait_event`] on a host stream for a CUDA event waits, when the job runs, for
 //!   the event's record at that time: never an earlier one, possibly a later one (a host
 //!   thread can only synchronize an event's latest record).
+//! - [`Stream::wait_cuda_stream`] and [`Stream::make_cuda_stream_wait`] order a CUDA stream
+//!   with a `cudaStream_t` another library made on its device (PyTorch, CuPy, cudarc), one
+//!   way each, by a new event recorded on one and waited for by the other; the host blocks
+//!   for neither. NULL and `cudaStreamLegacy` name the device's legacy default stream;
+//!   `cudaStreamPerThread` names another stream on each thread and is refused
+//!   ([`Error::InvalidArgument`]); a host stream has none to order with
+//!   ([`Error::Unsupported`]). Buffers' trackers do not see the other library's work.
 //!
 //! # Examples
 //!
@@ -38,6 +45,7 @@
 
 mod cuda;
 mod errors;
+mod foreign;
 pub(crate) use errors::StreamErrors;
 pub(crate) mod host;
 #[cfg(test)]

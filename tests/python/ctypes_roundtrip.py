@@ -202,6 +202,31 @@ with lib.stream(device) as stream, lib.pinned(device, 16) as a, lib.pinned(devic
             raise AssertionError("a handle of the wrong kind was accepted")
         except TypeError:
             pass
+# Ordering with another library's stream: a host-backend stream has none to order with; a
+# CUDA one waits for another stream given as a Stream, an int handle or an object with a
+# `cuda_stream` (PyTorch) or `ptr` (CuPy); cuferry objects that are no stream are refused.
+with lib.stream(device) as stream, lib.stream(device) as other, lib.pinned(device, 16) as a:
+    if device == cuferry.HOST:
+        for call in (lambda: stream.wait_cuda_stream(0), lambda: stream.make_cuda_stream_wait(0)):
+            try:
+                call()
+                raise AssertionError("a host-backend stream was ordered with a CUDA stream")
+            except cuferry.CuferryError as e:
+                assert e.name == "CUFERRY_STATUS_UNSUPPORTED", e
+    else:
+        handle = other.cuda_handle
+        for given in (other, handle, 0, type("TorchLike", (), {"cuda_stream": handle})(),
+                      type("CupyLike", (), {"ptr": handle})()):
+            stream.wait_cuda_stream(given)
+            stream.make_cuda_stream_wait(given)
+        stream.synchronize()
+        other.synchronize()
+    for bad, kind in ((a, TypeError), (-1, ValueError), ("s", ValueError), (True, ValueError)):
+        try:
+            stream.wait_cuda_stream(bad)
+            raise AssertionError(f"{bad!r} was taken for a stream")
+        except kind:
+            pass
 for bad in (2**32 - 1, 2**31, -(2**31) - 1):
     try:
         lib.stream(bad)

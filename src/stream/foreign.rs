@@ -1,0 +1,117 @@
+//! Ordering a cuferry stream with a CUDA stream another library made (cudarc, PyTorch, CuPy,
+//! a C code's own), without blocking the host.
+//!
+//! Rules:
+//! - [`Stream::wait_cuda_stream`] orders the work queued on the cuferry stream afterwards
+//!   after everything queued on the other stream before the call; [`Stream::make_cuda_stream_wait`]
+//!   orders the other stream's later work after the cuferry stream's work so far. Each
+//!   records a new event on one stream and makes the other wait for it (`cudaEventRecord`,
+//!   `cudaStreamWaitEvent`). The event is destroyed at once: CUDA keeps what the queued wait
+//!   needs.
+//! - The other stream belongs to the cuferry stream's device. NULL and `cudaStreamLegacy` (1)
+//!   name that device's legacy default stream (PyTorch's default stream), made current for
+//!   the call; the caller's current device is restored afterwards. `cudaStreamPerThread` (2)
+//!   names a different stream on each thread and is refused: pass that stream's own handle.
+//! - A host-backend stream has no CUDA stream to order with: [`Error::Unsupported`].
+//! - The ordering is between streams: the trackers of cuferry buffers do not see the other
+//!   library's work. Memory both use (a [`ForeignBuffer`](crate::ForeignBuffer) of a tensor)
+//!   is ordered by these calls around the cuferry work on it, or by host waits.
+
+use std::os::raw::c_void;
+
+use super::{Stream, StreamBackend};
+use crate::cuda::device::DeviceScope;
+use crate::cuda::event as raw_event;
+use crate::cuda::stream::{self as raw_stream, RawStream};
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::event::{Event, EventBackend};
+
+/// `cudaStreamPerThread`: a handle whose stream depends on the calling thread.
+const CUDA_STREAM_PER_THREAD: usize = 2;
+
+impl Stream {
+    /// The `cudaStream_t` of a CUDA stream, for queuing another library's work on it (a
+    /// cudarc kernel, a cuBLAS call) or for [`Stream::wait_cuda_stream`] between two cuferry
+    /// streams; `None` for a host-backend stream. The handle stays owned by this stream (and
+    /// its clones): valid while one of them lives, never to be destroyed by the caller. Work
+    /// queued through it is ordered on the stream but not seen by cuferry buffers' trackers.
+    pub fn cuda_handle(&self) -> Option<*mut c_void> {
+        match self.backend() {
+            StreamBackend::Cuda(s) => Some(s.queue_handle().0.cast()),
+            StreamBackend::Host(_) => None,
+        }
+    }
+
+    /// Orders the work queued on this stream from now on after everything queued so far on
+    /// `cuda_stream`, a CUDA stream of this stream's device that another library made (for
+    /// example `torch.cuda.current_stream().cuda_stream`): call it before queuing cuferry work
+    /// on memory that library's queued work writes. Neither stream blocks the host. See the
+    /// [stream rules](crate::stream).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] for a host-backend stream; [`Error::InvalidArgument`] for
+    /// `cudaStreamPerThread`; CUDA errors of `cudaEventCreate`, `cudaEventRecord` (a stream of
+    /// another device gives an invalid-handle error) and `cudaStreamWaitEvent`.
+    ///
+    /// # Safety
+    ///
+    /// 1. `cuda_stream` is NULL, `cudaStreamLegacy` or a live `cudaStream_t` of this stream's
+    ///    device, not destroyed during the call.
+    pub unsafe fn wait_cuda_stream(&self, cuda_stream: *mut c_void) -> Result<()> {
+        let (ours, theirs, _scope) = self.cuda_pair(cuda_stream)?;
+        let event = Event::new(self.device())?;
+        let raw = cuda_event(&event)?;
+        raw_event::record(raw, theirs)?;
+        raw_stream::wait_event(ours, raw)
+    }
+
+    /// Orders the work queued on `cuda_stream` from now on after everything queued so far on
+    /// this stream: call it before that library's work reads memory cuferry's queued work
+    /// writes (a copy into a wrapped tensor, a halo unpack). Neither stream blocks the host.
+    /// See the [stream rules](crate::stream).
+    ///
+    /// # Errors
+    ///
+    /// As [`Stream::wait_cuda_stream`].
+    ///
+    /// # Safety
+    ///
+    /// As [`Stream::wait_cuda_stream`].
+    pub unsafe fn make_cuda_stream_wait(&self, cuda_stream: *mut c_void) -> Result<()> {
+        let (ours, theirs, _scope) = self.cuda_pair(cuda_stream)?;
+        let event = Event::new(self.device())?;
+        let raw = cuda_event(&event)?;
+        raw_event::record(raw, ours)?;
+        raw_stream::wait_event(theirs, raw)
+    }
+
+    /// This stream's handle and the other one's, with this stream's device current until the
+    /// scope is dropped (NULL and `cudaStreamLegacy` mean the current device's default stream).
+    fn cuda_pair(&self, cuda_stream: *mut c_void) -> Result<(RawStream, RawStream, DeviceScope)> {
+        let StreamBackend::Cuda(ours) = self.backend() else {
+            return Err(Error::unsupported(
+                "a host-backend stream has no CUDA stream to order with another library's",
+            ));
+        };
+        if cuda_stream as usize == CUDA_STREAM_PER_THREAD {
+            return Err(Error::invalid(
+                "cudaStreamPerThread names another stream on each thread: pass the stream's own handle",
+            ));
+        }
+        let Device::Cuda(ordinal) = self.device() else {
+            return Err(Error::invalid("a CUDA stream of the host device"));
+        };
+        let scope = DeviceScope::enter(ordinal)?;
+        Ok((ours.queue_handle(), RawStream(cuda_stream.cast()), scope))
+    }
+}
+
+/// The CUDA handle of an event made for a CUDA device.
+fn cuda_event(event: &Event) -> Result<raw_event::RawEvent> {
+    match event.backend() {
+        EventBackend::Cuda(e) => Ok(e.raw),
+        EventBackend::Host(_) => Err(Error::invalid("a host event has no CUDA handle")),
+    }
+}
