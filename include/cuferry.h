@@ -568,13 +568,13 @@ enum CuferryStatus cuferry_stream_cuda_handle(const struct CuferryStream *stream
  * `cuda_stream`, a `cudaStream_t` of `stream`'s device that another library made (PyTorch's
  * `torch.cuda.current_stream().cuda_stream`, CuPy's, a code's own): call it before copying
  * from memory that library's queued work writes. Neither stream blocks the host. NULL and
- * `cudaStreamLegacy` (1) are the device's legacy default stream; `cudaStreamPerThread` (2)
- * is `CUFERRY_STATUS_INVALID_ARGUMENT`; a host-backend `stream` is
- * `CUFERRY_STATUS_UNSUPPORTED`; a stream of another device is a CUDA error.
+ * `cudaStreamLegacy` (1) are the device's legacy default stream, `cudaStreamPerThread` (2)
+ * the calling thread's; a host-backend `stream` is `CUFERRY_STATUS_UNSUPPORTED`; a stream
+ * of another device is a CUDA error.
  *
  * # Safety
  *
- * `stream` is NULL or a live stream handle; `cuda_stream` is NULL, 1 or a live
+ * `stream` is NULL or a live stream handle; `cuda_stream` is NULL, 1, 2 or a live
  * `cudaStream_t` of `stream`'s device, not destroyed during the call.
  */
 enum CuferryStatus cuferry_stream_wait_cuda_stream(const struct CuferryStream *stream,
@@ -643,10 +643,11 @@ enum CuferryStatus cuferry_device_alloc(const struct CuferryStream *stream,
  *
  * # Safety
  *
- * `ptr..ptr+bytes` is memory of one allocation that stays allocated, in place, until the
- * wrapper is freed; while a use through the wrapper (a copy, a halo pack or unpack) is
- * queued or running, nothing else writes the memory (nor reads it while the use writes it);
- * `out` is NULL or valid for writing a pointer.
+ * `ptr..ptr+bytes` is memory of one allocation that stays allocated, in place and
+ * page-locked if it was (registered by its owner), until the wrapper is freed; it is
+ * writable unless `flags` has [`CUFERRY_WRAP_READ_ONLY`]; while a use through the wrapper (a
+ * copy, a halo pack or unpack) is queued or running, nothing else writes the memory (nor
+ * reads it while the use writes it); `out` is NULL or valid for writing a pointer.
  */
 enum CuferryStatus cuferry_buffer_wrap(int32_t device,
                                        void *ptr,

@@ -416,7 +416,7 @@ class Library:
             count,
         )
 
-    def wrap(self, device, obj, read_only=None):
+    def wrap(self, device, obj, read_only=None, stream=None):
         """`obj`'s own memory as a `Buffer` for copies with `device`, without copying it:
         host memory through the buffer protocol (bytes, bytearray, array.array, a C-contiguous
         numpy array), or device memory through `__cuda_array_interface__` (a CuPy array, a
@@ -425,11 +425,15 @@ class Library:
         `read_only` (default: what `obj` says) makes copies into it an error. Pageable host
         memory is page-locked while wrapped when the driver allows. One memory has one live
         wrapper at a time (a second over any of its bytes raises): use it for every copy, a
-        writable wrapper is a source too. Work on the memory that cuferry did not queue (the
-        owner's kernels on its own stream, the array's `__cuda_array_interface__["stream"]`)
-        is not ordered with cuferry's copies: let it finish first. CUDA arrays are refused
-        for the host backend (HOST)."""
-        return WrappedBuffer(self, device, obj, read_only)
+        writable wrapper is a source too. CUDA arrays are refused for the host backend (HOST).
+
+        A CUDA array's `__cuda_array_interface__["stream"]` (version 3: the stream its
+        producer queued work on) is waited for as the interface asks: by `stream` (a cuferry
+        `Stream`, whose later work then waits for it without blocking: copy on that stream),
+        or without one by the host, before `wrap` returns. Other work on the memory that
+        cuferry did not queue is the caller's to order (`Stream.wait_cuda_stream` and
+        `Stream.make_cuda_stream_wait`, or let it finish first)."""
+        return WrappedBuffer(self, device, obj, read_only, stream)
 
     def ring(self, device, depth, slot_bytes, fill_threads=4):
         """A slot ring of `depth` slots of `slot_bytes` uploading to `device`; `fill_threads`
@@ -720,7 +724,8 @@ _KEPT_FOREVER = []
 
 
 def _cuda_array(obj):
-    """(address, nbytes, read_only) of a C-contiguous `__cuda_array_interface__` object."""
+    """(address, nbytes, read_only, stream) of a C-contiguous `__cuda_array_interface__`
+    object (`stream`: the producer's `cudaStream_t` to wait for, or None)."""
     face = obj.__cuda_array_interface__
     shape, (address, read_only) = tuple(face["shape"]), face["data"]
     itemsize = int(face["typestr"][2:])
@@ -735,20 +740,33 @@ def _cuda_array(obj):
             raise ValueError(f"wrap: a CUDA array of strides {tuple(strides)} is not C-contiguous")
     if face.get("mask") is not None:
         raise ValueError("wrap: a masked CUDA array")
-    return address or None, nbytes, bool(read_only)
+    stream = face.get("stream")
+    if stream is not None and (not isinstance(stream, int) or isinstance(stream, bool) or stream <= 0):
+        # The interface forbids 0 (ambiguous between the two default streams).
+        raise ValueError(f"wrap: the CUDA array's stream {stream!r} is not a cudaStream_t (0 is not allowed)")
+    return address or None, nbytes, bool(read_only), stream
 
 
 class WrappedBuffer(Buffer):
     """Memory an object owns, wrapped by `Library.wrap` (`cuferry_buffer_wrap`): a `Buffer`
     for copies that holds its object until `free()`."""
 
-    def __init__(self, lib, device, obj, read_only):
+    def __init__(self, lib, device, obj, read_only, stream=None):
         # Set first: a refused wrap leaves an object whose collection frees nothing.
         self.lib, self.handle, self._owner, self._view = lib, None, obj, None
+        if stream is not None and not isinstance(stream, Stream):
+            raise TypeError(f"wrap: stream {stream!r} is not a cuferry Stream")
         if hasattr(obj, "__cuda_array_interface__"):
             if device == HOST:
                 raise ValueError("wrap: a CUDA array's memory is not the host backend's (HOST)")
-            address, nbytes, exported_read_only = _cuda_array(obj)
+            address, nbytes, exported_read_only, producer = _cuda_array(obj)
+            if producer is not None:
+                if stream is not None:
+                    stream.wait_cuda_stream(producer)
+                else:
+                    with lib.stream(device) as waiting:
+                        waiting.wait_cuda_stream(producer)
+                        waiting.synchronize()
             host_readable = False
         else:
             if _BUFFER_API is None:

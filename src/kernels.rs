@@ -66,9 +66,9 @@ unsafe impl Send for SendPtr {}
 ///
 /// # Errors
 ///
-/// [`Error::InvalidArgument`] when the stream cannot reach the memory; [`Error::Unsupported`]
-/// on a host stream for managed memory of a device without `concurrentManagedAccess`; CUDA
-/// launch errors.
+/// [`Error::InvalidArgument`] when the stream cannot reach the memory or it is a read-only
+/// [`ForeignBuffer`](crate::ForeignBuffer); [`Error::Unsupported`] on a host stream for
+/// managed memory of a device without `concurrentManagedAccess`; CUDA launch errors.
 pub fn fill_pattern_u32<M: Memory<u32> + ?Sized>(stream: &Stream, dst: &mut M, seed: u32) -> Result<()> {
     dst.check_writable()?;
     check_reachable(stream, dst.kind())?;
@@ -98,7 +98,7 @@ pub fn fill_pattern_u32<M: Memory<u32> + ?Sized>(stream: &Stream, dst: &mut M, s
 ///
 /// # Errors
 ///
-/// As [`fill_pattern_u32`]; [`Error::InvalidArgument`] when called from a job of `stream` (a
+/// As [`fill_pattern_u32`] (a read-only source is read); [`Error::InvalidArgument`] when called from a job of `stream` (a
 /// host stream: the sum would wait for itself), before anything is queued.
 pub fn sum_u32<M: Memory<u32> + ?Sized>(stream: &Stream, src: &M) -> Result<u64> {
     check_reachable(stream, src.kind())?;

@@ -160,9 +160,11 @@ fn bad_wraps_are_refused(device: Device) {
     let p = data.as_mut_ptr().cast::<c_void>();
     let sentinel = 0x1000usize as *mut CuferryBuffer;
     let d = ordinal(device);
-    let cases: [(i32, *mut c_void, usize, u32, &str); 4] = [
-        (d, ptr::null_mut(), 16, 0, "NULL"),
+    let cases: [(i32, *mut c_void, usize, u32, &str); 6] = [
+        (d, ptr::null_mut(), 16, 0, "NULL pointer with 16 bytes"),
+        (d, ptr::null_mut(), usize::MAX, 0, "NULL pointer with"),
         (d, usize::MAX as *mut c_void, 2, 0, "address space"),
+        (d, p, isize::MAX as usize + 1, 0, "address space"),
         (d, p, 64, 2, "flags"),
         (d, p, 64, CUFERRY_WRAP_READ_ONLY | 4, "flags"),
     ];

@@ -67,8 +67,9 @@ pub enum CopyDirection {
 ///
 /// # Errors
 ///
-/// [`Error::InvalidArgument`] when the lengths differ or the stream cannot reach one of the
-/// buffers; [`Error::Unsupported`] on a host stream for managed memory of a device without
+/// [`Error::InvalidArgument`] when the lengths differ, the stream cannot reach one of the
+/// buffers, or `dst` is a read-only [`ForeignBuffer`](crate::ForeignBuffer);
+/// [`Error::Unsupported`] on a host stream for managed memory of a device without
 /// `concurrentManagedAccess`; CUDA errors of the copy.
 pub fn copy<T, S, D>(stream: &Stream, src: &S, dst: &mut D) -> Result<CopyDirection>
 where
@@ -90,8 +91,9 @@ where
 ///
 /// # Errors
 ///
-/// [`Error::InvalidArgument`] when a range is out of bounds or the stream cannot reach one of
-/// the buffers; [`Error::Unsupported`] as for [`copy`]; CUDA errors of the copy.
+/// [`Error::InvalidArgument`] when a range is out of bounds, the stream cannot reach one of
+/// the buffers, or `dst` is read-only (as for [`copy`]); [`Error::Unsupported`] as for
+/// [`copy`]; CUDA errors of the copy.
 pub fn copy_range<T, S, D>(
     stream: &Stream,
     src: &S,

@@ -159,10 +159,11 @@ pub unsafe extern "C" fn cuferry_device_alloc(
 ///
 /// # Safety
 ///
-/// `ptr..ptr+bytes` is memory of one allocation that stays allocated, in place, until the
-/// wrapper is freed; while a use through the wrapper (a copy, a halo pack or unpack) is
-/// queued or running, nothing else writes the memory (nor reads it while the use writes it);
-/// `out` is NULL or valid for writing a pointer.
+/// `ptr..ptr+bytes` is memory of one allocation that stays allocated, in place and
+/// page-locked if it was (registered by its owner), until the wrapper is freed; it is
+/// writable unless `flags` has [`CUFERRY_WRAP_READ_ONLY`]; while a use through the wrapper (a
+/// copy, a halo pack or unpack) is queued or running, nothing else writes the memory (nor
+/// reads it while the use writes it); `out` is NULL or valid for writing a pointer.
 #[no_mangle]
 pub unsafe extern "C" fn cuferry_buffer_wrap(
     device: i32,

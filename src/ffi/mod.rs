@@ -408,13 +408,13 @@ pub unsafe extern "C" fn cuferry_stream_cuda_handle(
 /// `cuda_stream`, a `cudaStream_t` of `stream`'s device that another library made (PyTorch's
 /// `torch.cuda.current_stream().cuda_stream`, CuPy's, a code's own): call it before copying
 /// from memory that library's queued work writes. Neither stream blocks the host. NULL and
-/// `cudaStreamLegacy` (1) are the device's legacy default stream; `cudaStreamPerThread` (2)
-/// is `CUFERRY_STATUS_INVALID_ARGUMENT`; a host-backend `stream` is
-/// `CUFERRY_STATUS_UNSUPPORTED`; a stream of another device is a CUDA error.
+/// `cudaStreamLegacy` (1) are the device's legacy default stream, `cudaStreamPerThread` (2)
+/// the calling thread's; a host-backend `stream` is `CUFERRY_STATUS_UNSUPPORTED`; a stream
+/// of another device is a CUDA error.
 ///
 /// # Safety
 ///
-/// `stream` is NULL or a live stream handle; `cuda_stream` is NULL, 1 or a live
+/// `stream` is NULL or a live stream handle; `cuda_stream` is NULL, 1, 2 or a live
 /// `cudaStream_t` of `stream`'s device, not destroyed during the call.
 #[no_mangle]
 pub unsafe extern "C" fn cuferry_stream_wait_cuda_stream(

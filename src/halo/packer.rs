@@ -5,13 +5,15 @@
 //!   (and on CUDA uploaded to the device at the first call, again only when the arrays'
 //!   addresses change to ones not among the last two sets).
 //! - Arrays are any cuferry memory the packer's work reaches: on CUDA, device and managed
-//!   memory of the packer's device (a [`DeviceBuffer`], a [`ManagedBuffer`], the C ABI's
-//!   wrapped memory); on the host backend, memory host code may touch while kernels run
-//!   (not CUDA device memory; managed memory of a CUDA device only with
-//!   `concurrentManagedAccess`). One call mixes kinds as `&dyn Memory<T>`. `unpack` writes
-//!   through shared references, so it takes only memory safe code sees through tracked work
-//!   ([`WriteShared`]); managed and host memory, which hand out `&self` host views, are
-//!   unpacked by the unsafe `unpack_unchecked`.
+//!   memory of the packer's device (a [`DeviceBuffer`], a [`ManagedBuffer`], a
+//!   [`ForeignBuffer`](crate::ForeignBuffer) of another library's); on the host backend,
+//!   memory host code may touch while kernels run (not CUDA device memory; managed memory of
+//!   a CUDA device only with `concurrentManagedAccess`). One call mixes kinds as
+//!   `&dyn Memory<T>`. `unpack` writes through shared references, so it takes only memory
+//!   safe code sees through tracked work ([`WriteShared`]: device buffers, and foreign
+//!   buffers, whose owner's views the wrap's contract holds off); cuferry's managed and host
+//!   buffers, which hand out `&self` host views, are unpacked by the unsafe
+//!   `unpack_unchecked`. A read-only foreign buffer is never unpacked into.
 //! - `pack` and `unpack` check every array (element type, reach, length covering the spec's
 //!   strided extent) before queueing anything, then queue the work on the packer's stream and
 //!   return at once. On CUDA that is ONE kernel launch per call; on the host backend ONE job.
@@ -306,14 +308,14 @@ impl HaloPacker {
     /// Queues the unpacking of the unpack buffer into every unpack region (in row-major order,
     /// not turned: the rotation was applied by the pack). Arguments as for
     /// [`HaloPacker::pack`], of memory safe code sees only through tracked work
-    /// ([`WriteShared`]: device buffers); [`HaloPacker::unpack_unchecked`] takes managed and
-    /// host memory.
+    /// ([`WriteShared`]: device buffers and [`ForeignBuffer`](crate::ForeignBuffer)s);
+    /// [`HaloPacker::unpack_unchecked`] takes cuferry's managed and host buffers.
     ///
     /// # Errors
     ///
     /// As [`HaloPacker::pack`], and [`Error::InvalidArgument`] when one array is passed for two
-    /// exchanges with different specs or overlapping unpack regions, or two arrays share
-    /// memory at different addresses.
+    /// exchanges with different specs or overlapping unpack regions, two arrays share memory
+    /// at different addresses, or an array is a read-only `ForeignBuffer`.
     pub fn unpack<T: Element, A: WriteShared<T> + ?Sized>(
         &mut self,
         arrays_x: &[&A],

@@ -35,7 +35,10 @@
 //!   tracker, as for every cuferry buffer, and the owner's own access is governed by the
 //!   wrap's safety contract. Uses the tracker does not see (the owner's kernels and copies,
 //!   its reads and writes through its own pointers) are the caller's to order against them:
-//!   [`ForeignBuffer::synchronize`] waits for the wrapper's uses.
+//!   [`ForeignBuffer::synchronize`] waits for the wrapper's uses on the host, and
+//!   [`Stream::wait_cuda_stream`](crate::Stream::wait_cuda_stream) /
+//!   [`Stream::make_cuda_stream_wait`](crate::Stream::make_cuda_stream_wait) order a cuferry
+//!   stream with the owner's CUDA stream without blocking.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -126,10 +129,16 @@ impl<T: Element> ForeignBuffer<T> {
     /// # Safety
     ///
     /// 1. `ptr..ptr+len` is memory of the kind CUDA reports, of one allocation, that stays
-    ///    allocated, in place, until the wrapper is released (after a failed release: for
-    ///    good).
-    /// 2. While a use queued through the wrapper runs, nothing outside its tracker writes the
-    ///    memory, nor reads it while that use writes it: the owner's own access waits for
+    ///    allocated, in place and of that kind (page-locked memory stays registered) until
+    ///    the wrapper is released. After a failed release, a drop's included, a use may still
+    ///    run: keep the memory for good (call [`ForeignBuffer::release`] to see the failure
+    ///    before freeing it).
+    /// 2. The memory is valid for reads and writes of `len` elements (not memory mapped
+    ///    read-only, not reached through a shared reference: wrap those with
+    ///    [`ForeignBuffer::wrap_read_only`]).
+    /// 3. While a use queued through the wrapper runs, nothing outside its tracker writes the
+    ///    memory, nor reads it while that use writes it, and no Rust reference to it is used
+    ///    across a use that writes it: the owner's own access waits for
     ///    [`ForeignBuffer::synchronize`] (or the release).
     pub unsafe fn wrap(device: Device, ptr: *mut T, len: usize) -> Result<Self> {
         // SAFETY: the caller's contract, unchanged.
@@ -145,8 +154,8 @@ impl<T: Element> ForeignBuffer<T> {
     ///
     /// # Safety
     ///
-    /// As [`ForeignBuffer::wrap`]; the owner may read the memory while uses through the
-    /// wrapper run (they only read it).
+    /// As [`ForeignBuffer::wrap`], except that the memory need only be valid for reads (2),
+    /// and the owner may read it while uses through the wrapper run (they only read it).
     pub unsafe fn wrap_read_only(device: Device, ptr: *const T, len: usize) -> Result<Self> {
         // SAFETY: the caller's contract, unchanged; a read-only wrapper is never written.
         unsafe { Self::wrap_with(device, ptr.cast_mut(), len, true) }
@@ -156,13 +165,22 @@ impl<T: Element> ForeignBuffer<T> {
     ///
     /// # Safety
     ///
-    /// As [`ForeignBuffer::wrap`].
+    /// As [`ForeignBuffer::wrap`] (or, with `read_only`, [`ForeignBuffer::wrap_read_only`]).
     pub(crate) unsafe fn wrap_with(device: Device, ptr: *mut T, len: usize, read_only: bool) -> Result<Self> {
         device.check_available()?;
-        let bytes = byte_len::<T>(len)?;
+        // Bytes for the C ABI's `u8` wrappers, whose callers count in bytes.
+        let bytewise = std::mem::size_of::<T>() == 1;
         if ptr.is_null() && len > 0 {
-            return Err(Error::invalid(format!("a NULL pointer with {len} elements")));
+            let unit = if bytewise { "bytes" } else { "elements" };
+            return Err(Error::invalid(format!("a NULL pointer with {len} {unit}")));
         }
+        let bytes = byte_len::<T>(len).map_err(|e| {
+            if bytewise && len > isize::MAX as usize {
+                Error::invalid(format!("{ptr:p}..+{len} runs past the end of the address space"))
+            } else {
+                e
+            }
+        })?;
         if !ptr.is_null() && !ptr.is_aligned() {
             return Err(Error::invalid(format!(
                 "{ptr:p} is not aligned for {} ({} bytes)",
@@ -459,7 +477,7 @@ mod tests {
         };
         assert!(refused(std::ptr::null_mut(), 1).contains("NULL"));
         assert!(refused(usize::MAX as *mut u8, 2).contains("address space"));
-        assert!(refused(8 as *mut u8, isize::MAX as usize + 1).contains("overflow"));
+        assert!(refused(8 as *mut u8, isize::MAX as usize + 1).contains("address space"));
         // SAFETY: nothing to keep alive: no bytes.
         let empty = unsafe { ForeignBuffer::<u8>::wrap(Device::Host, std::ptr::null_mut(), 0) }.unwrap();
         assert_eq!((empty.len(), empty.kind()), (0, MemoryKind::Pageable));

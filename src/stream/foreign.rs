@@ -8,10 +8,10 @@
 //!   records a new event on one stream and makes the other wait for it (`cudaEventRecord`,
 //!   `cudaStreamWaitEvent`). The event is destroyed at once: CUDA keeps what the queued wait
 //!   needs.
-//! - The other stream belongs to the cuferry stream's device. NULL and `cudaStreamLegacy` (1)
-//!   name that device's legacy default stream (PyTorch's default stream), made current for
-//!   the call; the caller's current device is restored afterwards. `cudaStreamPerThread` (2)
-//!   names a different stream on each thread and is refused: pass that stream's own handle.
+//! - The other stream belongs to the cuferry stream's device, which is current for the call
+//!   (the caller's current device is restored afterwards). NULL and `cudaStreamLegacy` (1)
+//!   name that device's legacy default stream (PyTorch's default stream);
+//!   `cudaStreamPerThread` (2) the calling thread's per-thread default stream of it.
 //! - A host-backend stream has no CUDA stream to order with: [`Error::Unsupported`].
 //! - The ordering is between streams: the trackers of cuferry buffers do not see the other
 //!   library's work. Memory both use (a [`ForeignBuffer`](crate::ForeignBuffer) of a tensor)
@@ -26,9 +26,6 @@ use crate::cuda::stream::{self as raw_stream, RawStream};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::event::{Event, EventBackend};
-
-/// `cudaStreamPerThread`: a handle whose stream depends on the calling thread.
-const CUDA_STREAM_PER_THREAD: usize = 2;
 
 impl Stream {
     /// The `cudaStream_t` of a CUDA stream, for queuing another library's work on it (a
@@ -51,14 +48,14 @@ impl Stream {
     ///
     /// # Errors
     ///
-    /// [`Error::Unsupported`] for a host-backend stream; [`Error::InvalidArgument`] for
-    /// `cudaStreamPerThread`; CUDA errors of `cudaEventCreate`, `cudaEventRecord` (a stream of
-    /// another device gives an invalid-handle error) and `cudaStreamWaitEvent`.
+    /// [`Error::Unsupported`] for a host-backend stream; CUDA errors of `cudaEventCreate`,
+    /// `cudaEventRecord` (a stream of another device gives an invalid-handle error) and
+    /// `cudaStreamWaitEvent`.
     ///
     /// # Safety
     ///
-    /// 1. `cuda_stream` is NULL, `cudaStreamLegacy` or a live `cudaStream_t` of this stream's
-    ///    device, not destroyed during the call.
+    /// 1. `cuda_stream` is NULL, `cudaStreamLegacy`, `cudaStreamPerThread` or a live
+    ///    `cudaStream_t` of this stream's device, not destroyed during the call.
     pub unsafe fn wait_cuda_stream(&self, cuda_stream: *mut c_void) -> Result<()> {
         let (ours, theirs, _scope) = self.cuda_pair(cuda_stream)?;
         let event = Event::new(self.device())?;
@@ -88,18 +85,14 @@ impl Stream {
     }
 
     /// This stream's handle and the other one's, with this stream's device current until the
-    /// scope is dropped (NULL and `cudaStreamLegacy` mean the current device's default stream).
+    /// scope is dropped (NULL, `cudaStreamLegacy` and `cudaStreamPerThread` mean default
+    /// streams of the current device).
     fn cuda_pair(&self, cuda_stream: *mut c_void) -> Result<(RawStream, RawStream, DeviceScope)> {
         let StreamBackend::Cuda(ours) = self.backend() else {
             return Err(Error::unsupported(
                 "a host-backend stream has no CUDA stream to order with another library's",
             ));
         };
-        if cuda_stream as usize == CUDA_STREAM_PER_THREAD {
-            return Err(Error::invalid(
-                "cudaStreamPerThread names another stream on each thread: pass the stream's own handle",
-            ));
-        }
         let Device::Cuda(ordinal) = self.device() else {
             return Err(Error::invalid("a CUDA stream of the host device"));
         };

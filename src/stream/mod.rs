@@ -19,9 +19,8 @@
 //! - [`Stream::wait_cuda_stream`] and [`Stream::make_cuda_stream_wait`] order a CUDA stream
 //!   with a `cudaStream_t` another library made on its device (PyTorch, CuPy, cudarc), one
 //!   way each, by a new event recorded on one and waited for by the other; the host blocks
-//!   for neither. NULL and `cudaStreamLegacy` name the device's legacy default stream;
-//!   `cudaStreamPerThread` names another stream on each thread and is refused
-//!   ([`Error::InvalidArgument`]); a host stream has none to order with
+//!   for neither. NULL and `cudaStreamLegacy` name the device's legacy default stream,
+//!   `cudaStreamPerThread` the calling thread's; a host stream has none to order with
 //!   ([`Error::Unsupported`]). Buffers' trackers do not see the other library's work.
 //!
 //! # Examples

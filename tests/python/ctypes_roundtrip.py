@@ -127,9 +127,9 @@ with lib.stream(device) as stream, lib.device_buffer(stream, 16 * item) as dev:
     dev.synchronize()
 
     class Face:
-        def __init__(self, ptr, nbytes, strides=None):
+        def __init__(self, ptr, nbytes, strides=None, stream=None):
             self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, True),
-                                             "strides": strides, "version": 3}
+                                             "strides": strides, "version": 3, "stream": stream}
 
     if device == cuferry.HOST:
         try:
@@ -142,6 +142,18 @@ with lib.stream(device) as stream, lib.device_buffer(stream, 16 * item) as dev:
             assert face.read_only and face.ptr == dev.ptr
             lib.copy(stream, face, back, 16 * item)
             assert back.read() == bytes(out[:16 * item]), "the wrapped device memory reads differently"
+        # The producer's stream of a version-3 array is waited for: by a given stream, or by
+        # the host (a cuferry stream stands in for the producer's); 0 is not a stream.
+        with lib.stream(device) as producer:
+            for given in (stream, None):
+                lib.wrap(device, Face(dev.ptr, 8, stream=producer.cuda_handle), stream=given).free()
+            lib.wrap(device, Face(dev.ptr, 8, stream=1)).free()
+            for bad in (0, -1, "s"):
+                try:
+                    lib.wrap(device, Face(dev.ptr, 8, stream=bad))
+                    raise AssertionError(f"a CUDA array with stream {bad!r} was wrapped")
+                except ValueError as e:
+                    assert "stream" in str(e), e
     # One memory, one live wrapper: a second over any of its bytes raises, until the first
     # is freed.
     with lib.wrap(device, out) as first:
@@ -151,6 +163,11 @@ with lib.stream(device) as stream, lib.device_buffer(stream, 16 * item) as dev:
         except cuferry.CuferryError as e:
             assert "live wrapper" in e.message, e
     lib.wrap(device, memoryview(out)[8:16]).free()
+    try:
+        lib.wrap(device, bytearray(8), stream=5)
+        raise AssertionError("an int was taken for the stream that waits for a CUDA array's producer")
+    except TypeError:
+        pass
     try:
         lib.wrap(0, Face(dev.ptr, 8, strides=(2,)))
         raise AssertionError("a strided CUDA array was wrapped")
