@@ -24,7 +24,9 @@
  *   by C only after `cuferry_buffer_synchronize`. Work that
  *   cuferry did not queue (your kernels or copies on a buffer's memory through
  *   `cuferry_buffer_ptr`, on any stream) is ordered with none of this: let it finish before
- *   queueing a copy of that memory, and queue it only after the copies it depends on.
+ *   queueing a copy of that memory, and queue it only after the copies it depends on, or
+ *   order its stream with cuferry's without blocking (`cuferry_stream_wait_cuda_stream`,
+ *   `cuferry_cuda_stream_wait_stream`).
  * - A call that works on a CUDA device may leave that device current on the calling thread
  *   (`cudaSetDevice`), as creating streams and events and launching kernels require: set
  *   your own device again before your own CUDA calls that rely on the current device.
@@ -570,7 +572,7 @@ enum CuferryStatus cuferry_stream_cuda_handle(const struct CuferryStream *stream
  * from memory that library's queued work writes. Neither stream blocks the host. NULL and
  * `cudaStreamLegacy` (1) are the device's legacy default stream, `cudaStreamPerThread` (2)
  * the calling thread's; a host-backend `stream` is `CUFERRY_STATUS_UNSUPPORTED`; a stream
- * of another device is a CUDA error.
+ * of another device or of a context other than the device's primary one is a CUDA error.
  *
  * # Safety
  *
@@ -584,7 +586,8 @@ enum CuferryStatus cuferry_stream_wait_cuda_stream(const struct CuferryStream *s
  * Orders the work queued on `cuda_stream` from now on after everything queued so far on
  * `stream`: call it before that library's work reads memory cuferry's queued work writes (a
  * copy into a wrapped tensor, a halo unpack), instead of `cuferry_stream_synchronize`.
- * Arguments and statuses as for [`cuferry_stream_wait_cuda_stream`].
+ * Arguments and statuses as for [`cuferry_stream_wait_cuda_stream`] (except that CUDA lets
+ * a stream of another device wait; it is outside this call's contract all the same).
  *
  * # Safety
  *

@@ -429,8 +429,9 @@ class Library:
 
         A CUDA array's `__cuda_array_interface__["stream"]` (version 3: the stream its
         producer queued work on) is waited for as the interface asks: by `stream` (a cuferry
-        `Stream`, whose later work then waits for it without blocking: copy on that stream),
-        or without one by the host, before `wrap` returns. Other work on the memory that
+        `Stream` of `device`, whose later work then waits for it without blocking: copy on
+        that stream), or without one by the host, before `wrap` returns (`stream` is for CUDA
+        arrays only). Other work on the memory that
         cuferry did not queue is the caller's to order (`Stream.wait_cuda_stream` and
         `Stream.make_cuda_stream_wait`, or let it finish first)."""
         return WrappedBuffer(self, device, obj, read_only, stream)
@@ -662,13 +663,13 @@ class Stream(_Handle):
         `cudaStream_t` int (0: the legacy default stream). Call it before copying from a
         tensor whose producing kernels may still run. Neither stream blocks the host. Raises
         `CuferryError` (UNSUPPORTED) for a host-backend stream."""
-        self.lib.call("cuferry_stream_wait_cuda_stream", self._live(), _foreign_stream(other))
+        self.lib.call("cuferry_stream_wait_cuda_stream", self._live(), _foreign_stream(other, self.device))
 
     def make_cuda_stream_wait(self, other):
         """Orders the work queued on `other` (as for `wait_cuda_stream`) from now on after
         everything queued so far on this stream: call it before that library's kernels read
         a tensor cuferry copies or unpacks into, instead of `synchronize`."""
-        self.lib.call("cuferry_cuda_stream_wait_stream", _foreign_stream(other), self._live())
+        self.lib.call("cuferry_cuda_stream_wait_stream", _foreign_stream(other, self.device), self._live())
 
 
 class Buffer(_Handle):
@@ -756,7 +757,12 @@ class WrappedBuffer(Buffer):
         self.lib, self.handle, self._owner, self._view = lib, None, obj, None
         if stream is not None and not isinstance(stream, Stream):
             raise TypeError(f"wrap: stream {stream!r} is not a cuferry Stream")
-        if hasattr(obj, "__cuda_array_interface__"):
+        if stream is not None and stream.device != device:
+            raise ValueError(f"wrap: {stream!r} is a stream of device {stream.device}, not {device}")
+        cuda_array = hasattr(obj, "__cuda_array_interface__")
+        if stream is not None and not cuda_array:
+            raise ValueError("wrap: `stream` waits for a CUDA array's producer; this object is host memory")
+        if cuda_array:
             if device == HOST:
                 raise ValueError("wrap: a CUDA array's memory is not the host backend's (HOST)")
             address, nbytes, exported_read_only, producer = _cuda_array(obj)
@@ -1313,22 +1319,35 @@ def _raw_stream(stream, device=None):
     raise ValueError(f"stream {stream!r}: use None, a cuferry Stream or a cudaStream_t int")
 
 
-def _foreign_stream(other):
-    """The `cudaStream_t` of a stream to order with: a `torch.cuda.Stream` (its
-    `cuda_stream`), a CuPy stream (its `ptr`), a cuferry CUDA `Stream` (its `cuda_handle`) or an
-    int handle (0: the legacy default stream)."""
+def _foreign_stream(other, device):
+    """The `cudaStream_t` of a stream of CUDA `device` to order with: a `torch.cuda.Stream`
+    (its `cuda_stream`; 0 on PyTorch's default stream), a CuPy stream (its `ptr`), an object
+    with the `__cuda_stream__` protocol, a cuferry CUDA `Stream` (its `cuda_handle`) or an int
+    handle (0: the legacy default stream). A stream that names another device is refused."""
     if isinstance(other, Stream):
+        if other.device != device:
+            raise ValueError(f"{other!r} is a stream of device {other.device}, not {device}")
         return other.cuda_handle
     if isinstance(other, _Owned):
         raise TypeError(f"{other!r}: a {type(other).__name__} where a stream goes")
-    for attribute in ("cuda_stream", "ptr"):
-        handle = getattr(other, attribute, None)
-        if handle is not None:
-            other = handle
-            break
+    # PyTorch names its device `device_index`, CuPy `device_id`.
+    named = getattr(other, "device_index", getattr(other, "device_id", None))
+    if isinstance(named, int) and not isinstance(named, bool) and named != device:
+        raise ValueError(f"{other!r} is a stream of device {named}, not {device}")
+    if hasattr(other, "__cuda_stream__"):
+        protocol = other.__cuda_stream__()
+        if not (isinstance(protocol, tuple) and len(protocol) == 2):
+            raise ValueError(f"{other!r}.__cuda_stream__() gave {protocol!r}, not (version, handle)")
+        other = protocol[1]
+    elif hasattr(other, "cuda_stream"):
+        other = other.cuda_stream
+    elif type(other).__module__.split(".")[0] == "cupy" and "Stream" in type(other).__name__:
+        # Only CuPy's streams: other CuPy objects (a MemoryPointer, an Event) have a `ptr` too.
+        other = other.ptr
     if isinstance(other, int) and not isinstance(other, bool) and 0 <= other < 2**64:
         return other or None
-    raise ValueError(f"stream {other!r}: use a torch.cuda.Stream, a CuPy stream or a cudaStream_t int")
+    raise ValueError(
+        f"stream {other!r}: use a torch.cuda.Stream, a CuPy stream, a cuferry Stream or a cudaStream_t int")
 
 
 def _address(ptr):

@@ -8,10 +8,13 @@
 //!   records a new event on one stream and makes the other wait for it (`cudaEventRecord`,
 //!   `cudaStreamWaitEvent`). The event is destroyed at once: CUDA keeps what the queued wait
 //!   needs.
-//! - The other stream belongs to the cuferry stream's device, which is current for the call
-//!   (the caller's current device is restored afterwards). NULL and `cudaStreamLegacy` (1)
-//!   name that device's legacy default stream (PyTorch's default stream);
-//!   `cudaStreamPerThread` (2) the calling thread's per-thread default stream of it.
+//! - The other stream belongs to the cuferry stream's device and its primary context (the
+//!   runtime's, which PyTorch and CuPy use; a `cuCtxCreate` context's streams are not
+//!   supported). That device is current for the call; the caller's current device is
+//!   restored afterwards (a thread that had no context keeps it current). NULL and
+//!   `cudaStreamLegacy` (1) name that device's legacy default stream (PyTorch's default
+//!   stream, `cuda_stream == 0`); `cudaStreamPerThread` (2) the calling thread's per-thread
+//!   default stream of it.
 //! - A host-backend stream has no CUDA stream to order with: [`Error::Unsupported`].
 //! - The ordering is between streams: the trackers of cuferry buffers do not see the other
 //!   library's work. Memory both use (a [`ForeignBuffer`](crate::ForeignBuffer) of a tensor)
@@ -49,19 +52,16 @@ impl Stream {
     /// # Errors
     ///
     /// [`Error::Unsupported`] for a host-backend stream; CUDA errors of `cudaEventCreate`,
-    /// `cudaEventRecord` (a stream of another device gives an invalid-handle error) and
-    /// `cudaStreamWaitEvent`.
+    /// `cudaEventRecord` (a stream of another device or context gives an invalid-handle
+    /// error) and `cudaStreamWaitEvent`.
     ///
     /// # Safety
     ///
     /// 1. `cuda_stream` is NULL, `cudaStreamLegacy`, `cudaStreamPerThread` or a live
-    ///    `cudaStream_t` of this stream's device, not destroyed during the call.
+    ///    `cudaStream_t` of this stream's device (of its primary context), not destroyed
+    ///    during the call.
     pub unsafe fn wait_cuda_stream(&self, cuda_stream: *mut c_void) -> Result<()> {
-        let (ours, theirs, _scope) = self.cuda_pair(cuda_stream)?;
-        let event = Event::new(self.device())?;
-        let raw = cuda_event(&event)?;
-        raw_event::record(raw, theirs)?;
-        raw_stream::wait_event(ours, raw)
+        self.order_with(cuda_stream, Waiting::Ours)
     }
 
     /// Orders the work queued on `cuda_stream` from now on after everything queued so far on
@@ -71,23 +71,20 @@ impl Stream {
     ///
     /// # Errors
     ///
-    /// As [`Stream::wait_cuda_stream`].
+    /// [`Error::Unsupported`] for a host-backend stream; CUDA errors of `cudaEventCreate`,
+    /// `cudaEventRecord` and `cudaStreamWaitEvent`.
     ///
     /// # Safety
     ///
-    /// As [`Stream::wait_cuda_stream`].
+    /// As [`Stream::wait_cuda_stream`] (CUDA does not refuse a stream of another device
+    /// here; that is still outside this call's contract).
     pub unsafe fn make_cuda_stream_wait(&self, cuda_stream: *mut c_void) -> Result<()> {
-        let (ours, theirs, _scope) = self.cuda_pair(cuda_stream)?;
-        let event = Event::new(self.device())?;
-        let raw = cuda_event(&event)?;
-        raw_event::record(raw, ours)?;
-        raw_stream::wait_event(theirs, raw)
+        self.order_with(cuda_stream, Waiting::Theirs)
     }
 
-    /// This stream's handle and the other one's, with this stream's device current until the
-    /// scope is dropped (NULL, `cudaStreamLegacy` and `cudaStreamPerThread` mean default
-    /// streams of the current device).
-    fn cuda_pair(&self, cuda_stream: *mut c_void) -> Result<(RawStream, RawStream, DeviceScope)> {
+    /// Records a new event on one of the two streams and makes the other wait for it, with
+    /// this stream's device current for the calls.
+    fn order_with(&self, cuda_stream: *mut c_void, waiting: Waiting) -> Result<()> {
         let StreamBackend::Cuda(ours) = self.backend() else {
             return Err(Error::unsupported(
                 "a host-backend stream has no CUDA stream to order with another library's",
@@ -96,9 +93,37 @@ impl Stream {
         let Device::Cuda(ordinal) = self.device() else {
             return Err(Error::invalid("a CUDA stream of the host device"));
         };
-        let scope = DeviceScope::enter(ordinal)?;
-        Ok((ours.queue_handle(), RawStream(cuda_stream.cast()), scope))
+        let _scope = DeviceScope::enter(ordinal)?;
+        let theirs = their_stream(cuda_stream);
+        let (recorded, waits) = match waiting {
+            Waiting::Ours => (theirs, ours.queue_handle()),
+            Waiting::Theirs => (ours.queue_handle(), theirs),
+        };
+        let event = Event::new(self.device())?;
+        let raw = cuda_event(&event)?;
+        raw_event::record(raw, recorded)?;
+        raw_stream::wait_event(waits, raw)
     }
+}
+
+/// `cudaStreamLegacy`: the device's legacy default stream, which NULL also names.
+const CUDA_STREAM_LEGACY: usize = 1;
+
+/// The other library's stream as cuferry's C calls take it: NULL is the legacy default
+/// stream in this runtime (built without per-thread default streams), but those calls refuse
+/// a NULL stream, so it is named explicitly.
+fn their_stream(cuda_stream: *mut c_void) -> RawStream {
+    let handle = if cuda_stream.is_null() { CUDA_STREAM_LEGACY as *mut c_void } else { cuda_stream };
+    RawStream(handle.cast())
+}
+
+/// Which stream of [`Stream::order_with`] waits for the other.
+#[derive(Clone, Copy)]
+enum Waiting {
+    /// The cuferry stream waits for the other library's.
+    Ours,
+    /// The other library's stream waits for the cuferry stream.
+    Theirs,
 }
 
 /// The CUDA handle of an event made for a CUDA device.
@@ -106,5 +131,20 @@ fn cuda_event(event: &Event) -> Result<raw_event::RawEvent> {
     match event.backend() {
         EventBackend::Cuda(e) => Ok(e.raw),
         EventBackend::Host(_) => Err(Error::invalid("a host event has no CUDA handle")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// NULL (PyTorch's default stream) reaches CUDA as `cudaStreamLegacy`, which cuferry's C
+    /// calls take (they refuse a NULL stream); other handles pass unchanged.
+    #[test]
+    fn null_is_named_as_the_legacy_stream() {
+        assert_eq!(their_stream(std::ptr::null_mut()).0 as usize, CUDA_STREAM_LEGACY);
+        for handle in [1usize, 2, 0x7f00_1000] {
+            assert_eq!(their_stream(handle as *mut c_void).0 as usize, handle);
+        }
     }
 }

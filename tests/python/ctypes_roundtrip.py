@@ -148,6 +148,12 @@ with lib.stream(device) as stream, lib.device_buffer(stream, 16 * item) as dev:
             for given in (stream, None):
                 lib.wrap(device, Face(dev.ptr, 8, stream=producer.cuda_handle), stream=given).free()
             lib.wrap(device, Face(dev.ptr, 8, stream=1)).free()
+            with lib.stream(cuferry.HOST) as host_stream:
+                try:
+                    lib.wrap(device, Face(dev.ptr, 8, stream=1), stream=host_stream)
+                    raise AssertionError("a host-backend stream waited for a CUDA array's producer")
+                except ValueError as e:
+                    assert "device" in str(e), e
             for bad in (0, -1, "s"):
                 try:
                     lib.wrap(device, Face(dev.ptr, 8, stream=bad))
@@ -163,11 +169,12 @@ with lib.stream(device) as stream, lib.device_buffer(stream, 16 * item) as dev:
         except cuferry.CuferryError as e:
             assert "live wrapper" in e.message, e
     lib.wrap(device, memoryview(out)[8:16]).free()
-    try:
-        lib.wrap(device, bytearray(8), stream=5)
-        raise AssertionError("an int was taken for the stream that waits for a CUDA array's producer")
-    except TypeError:
-        pass
+    for given, kind in ((5, TypeError), (stream, ValueError)):
+        try:
+            lib.wrap(device, bytearray(8), stream=given)
+            raise AssertionError(f"stream={given!r} was taken for host memory")
+        except kind:
+            pass
     try:
         lib.wrap(0, Face(dev.ptr, 8, strides=(2,)))
         raise AssertionError("a strided CUDA array was wrapped")
@@ -232,13 +239,21 @@ with lib.stream(device) as stream, lib.stream(device) as other, lib.pinned(devic
                 assert e.name == "CUFERRY_STATUS_UNSUPPORTED", e
     else:
         handle = other.cuda_handle
-        for given in (other, handle, 0, type("TorchLike", (), {"cuda_stream": handle})(),
-                      type("CupyLike", (), {"ptr": handle})()):
+        torch_like = type("TorchLike", (), {"cuda_stream": handle, "device_index": device})()
+        torch_default = type("TorchLike", (), {"cuda_stream": 0, "device_index": device})()
+        cupy_like = type("Stream", (), {"ptr": handle, "device_id": device, "__module__": "cupy.cuda.stream"})()
+        protocol = type("Protocol", (), {"__cuda_stream__": lambda self: (0, handle)})()
+        for given in (other, handle, 0, 1, 2, torch_like, torch_default, cupy_like, protocol):
             stream.wait_cuda_stream(given)
             stream.make_cuda_stream_wait(given)
         stream.synchronize()
         other.synchronize()
-    for bad, kind in ((a, TypeError), (-1, ValueError), ("s", ValueError), (True, ValueError)):
+    # Not streams: cuferry objects, negative or non-int handles, bools, another device's
+    # stream, and objects that merely have a `ptr` (a CuPy MemoryPointer or Event has one).
+    elsewhere = type("TorchLike", (), {"cuda_stream": 0, "device_index": device + 1})()
+    pointer = type("MemoryPointer", (), {"ptr": 4096, "__module__": "cupy.cuda.memory"})()
+    for bad, kind in ((a, TypeError), (-1, ValueError), ("s", ValueError), (True, ValueError),
+                      (elsewhere, ValueError), (pointer, ValueError)):
         try:
             stream.wait_cuda_stream(bad)
             raise AssertionError(f"{bad!r} was taken for a stream")
