@@ -431,9 +431,9 @@ class Library:
         producer queued work on) is waited for as the interface asks: by `stream` (a cuferry
         `Stream` of `device`, whose later work then waits for it without blocking: copy on
         that stream), or without one by the host, before `wrap` returns (`stream` is for CUDA
-        arrays only). Other work on the memory that
-        cuferry did not queue is the caller's to order (`Stream.wait_cuda_stream` and
-        `Stream.make_cuda_stream_wait`, or let it finish first)."""
+        arrays only). Other work on the memory that cuferry did not queue is the caller's to
+        order (`Stream.wait_cuda_stream` and `Stream.make_cuda_stream_wait`, or let it finish
+        first)."""
         return WrappedBuffer(self, device, obj, read_only, stream)
 
     def ring(self, device, depth, slot_bytes, fill_threads=4):

@@ -98,8 +98,9 @@ pub fn fill_pattern_u32<M: Memory<u32> + ?Sized>(stream: &Stream, dst: &mut M, s
 ///
 /// # Errors
 ///
-/// As [`fill_pattern_u32`] (a read-only source is read); [`Error::InvalidArgument`] when called from a job of `stream` (a
-/// host stream: the sum would wait for itself), before anything is queued.
+/// As [`fill_pattern_u32`] (a read-only source is read); [`Error::InvalidArgument`] when
+/// called from a job of `stream` (a host stream: the sum would wait for itself), before
+/// anything is queued.
 pub fn sum_u32<M: Memory<u32> + ?Sized>(stream: &Stream, src: &M) -> Result<u64> {
     check_reachable(stream, src.kind())?;
     stream.refuse_blocking_call_from_own_job("sum_u32, which waits for its result,")?;

@@ -121,8 +121,9 @@ impl<'a> CopyBatch<'a> {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] when a range lies outside either buffer, the stream cannot
-    /// reach one of them, or `dst` is a read-only [`ForeignBuffer`](crate::ForeignBuffer); [`Error::Unsupported`] on a host stream for managed memory of a
-    /// device without `concurrentManagedAccess`. The batch is then unchanged.
+    /// reach one of them, or `dst` is a read-only [`ForeignBuffer`](crate::ForeignBuffer);
+    /// [`Error::Unsupported`] on a host stream for managed memory of a device without
+    /// `concurrentManagedAccess`. The batch is then unchanged.
     pub fn add<T, S, D>(&mut self, src: &'a S, dst: &'a mut D, ranges: &[CopyRange]) -> Result<()>
     where
         T: Element,
