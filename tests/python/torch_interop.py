@@ -10,10 +10,13 @@ Usage: python3 torch_interop.py LIBCUFERRY_SO
   first wait the copy reads the old values; without the second the read sees the old copy.
   The same through PyTorch's default stream (`cuda_stream == 0`, the legacy stream), and
   through a version-3 `__cuda_array_interface__` whose `stream` names the writing stream.
+- A slot ring consumed by PyTorch on its own stream: each item's upload waited for, its read
+  waited for before the release.
 Prints SKIP and exits 0 without torch or without CUDA.
 """
 import os
 import sys
+import threading
 
 try:
     import torch
@@ -100,4 +103,46 @@ with lib.stream(DEVICE) as s, lib.wrap(DEVICE, cpu.numpy()) as wc, lib.wrap(DEVI
     lib.copy(s, wc, wg, NBYTES)
     s.make_cuda_stream_wait(torch.cuda.current_stream())
     assert torch.equal(gpu.cpu(), cpu), "the CPU tensor did not arrive"
+
+
+class DeviceBytes:
+    """`nbytes` of device memory at `ptr`, as a CUDA array PyTorch can view."""
+
+    def __init__(self, ptr, nbytes):
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
+                                         "version": 2}
+
+
+# A slot ring consumed by PyTorch on its own stream, as an RL learner's batches are: the
+# torch stream waits for each item's upload, reads it late (after a GPU sleep), and the
+# item's stream waits for that read before the release, so the slot is not uploaded into
+# again under it. With two slots and sixteen items, a missing wait shows as wrong bytes.
+DEPTH, SLOT, ITEMS = 2, 1 << 20, 16
+payloads = [torch.randint(0, 256, (SLOT,), dtype=torch.uint8).numpy().tobytes() for _ in range(ITEMS)]
+copies, failures = [], []
+with lib.ring(DEVICE, DEPTH, SLOT, fill_threads=2) as ring, lib.stream(DEVICE) as s:
+    def produce():
+        try:
+            ring.produce(enumerate(payloads))
+        except BaseException as e:  # reported by the main thread
+            failures.append(e)
+        finally:
+            ring.close()
+
+    producer = threading.Thread(target=produce, daemon=True)
+    producer.start()
+    for item in ring.items(s, timeout=30):  # each item is released when the loop moves on
+        assert item.sequence == len(copies) and item.nbytes == SLOT, (item.sequence, item.nbytes)
+        s.make_cuda_stream_wait(side)
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(SLEEP_CYCLES // 10)
+            copies.append(torch.as_tensor(DeviceBytes(item.ptr, item.nbytes), device="cuda").clone())
+        s.wait_cuda_stream(side)
+    producer.join(timeout=30)
+    s.synchronize()
+torch.cuda.synchronize()
+assert not failures, failures
+assert len(copies) == ITEMS, len(copies)
+for i, c in enumerate(copies):
+    assert c.cpu().numpy().tobytes() == payloads[i], f"item {i} was read under a later upload or before its own"
 print("torch interop passed")
