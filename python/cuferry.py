@@ -58,7 +58,6 @@ import re
 import sys
 import threading
 import warnings
-import weakref
 
 __all__ = [
     "HOST", "CuferryError", "WouldBlock", "Timeout", "Closed", "OutOfMemory", "AllocationFailed",
@@ -147,6 +146,13 @@ def _int(value, bits, what):
     if not -(2 ** (bits - 1)) <= value < 2 ** (bits - 1):
         raise ValueError(f"{what} is {value}, but the C parameter is a signed {bits}-bit integer")
     return value
+
+
+def _bytes_like(data, what):
+    """`data` as bytes: any bytes-like object, not an int (`bytes(5)` is five zero bytes)."""
+    if isinstance(data, int):
+        raise TypeError(f"{what}: {data!r} is an int, not bytes-like data")
+    return bytes(data)
 
 
 def _uint(value, bits, what):
@@ -467,7 +473,7 @@ class Library:
                 "cuferry_managed_malloc", status, self._status_names.get(status, "unknown status"), message)
         allocation = ManagedAllocation(self, ptr, nbytes, device, stream)
         if isinstance(stream, Stream):
-            stream._allocations.add(allocation)
+            stream._live_allocations += 1
         return allocation
 
     def location(self, where):
@@ -615,7 +621,7 @@ class _Handle(_Owned):
 
     def _live(self):
         if self.handle is None:
-            raise ValueError(f"{type(self).__name__} used after close()")
+            raise ValueError(f"{type(self).__name__} used after free()")
         return self.handle
 
 
@@ -629,8 +635,10 @@ class Stream(_Handle):
         lib.call("cuferry_stream_create", device, ctypes.byref(out))
         super().__init__(lib, out)
         self.device = device
-        # Managed allocations made on this stream and not freed yet (see `free`).
-        self._allocations = weakref.WeakSet()
+        # Managed allocations made on this stream and not freed yet (see `free`): a count,
+        # not weak references, which garbage collection of a cycle clears before it runs the
+        # stream's finalizer.
+        self._live_allocations = 0
 
     def free(self):
         """Destroys the stream (work already queued still runs); idempotent. While managed
@@ -638,7 +646,7 @@ class Stream(_Handle):
         freed later on the legacy default stream in order. If that wait fails, the stream is
         destroyed all the same and the wait's error is raised."""
         try:
-            if self.handle is not None and self.device != HOST and any(a.ptr for a in self._allocations):
+            if self.handle is not None and self.device != HOST and self._live_allocations > 0:
                 self.synchronize()
         finally:
             super().free()
@@ -697,6 +705,8 @@ class Buffer(_Handle):
         self.lib.call("cuferry_buffer_synchronize", self._live())
 
     def _host_range(self, offset, nbytes):
+        _uint(offset, 63, "offset")
+        _uint(nbytes, 63, "nbytes")
         if not self.host_readable:
             raise ValueError("device memory: copy it to a pinned buffer to read or write it")
         if offset < 0 or nbytes < 0 or offset + nbytes > self.size:
@@ -707,7 +717,7 @@ class Buffer(_Handle):
 
     def write(self, data, offset=0):
         """Copies `data` (bytes-like) in at `offset`, after the buffer's queued uses."""
-        data = bytes(data)
+        data = _bytes_like(data, "Buffer.write")
         address = self._host_range(offset, len(data))
         if address is not None:
             ctypes.memmove(address, data, len(data))
@@ -832,9 +842,10 @@ class RingSlot(_Owned):
         self.lib, self.handle, self.ptr, self.size = lib, handle, ptr, size
 
     def write(self, data, offset=0):
-        """Copies `data` into the slot at `offset`."""
-        data = bytes(data)
-        if offset < 0 or offset + len(data) > self.size:
+        """Copies `data` (bytes-like) into the slot at `offset`."""
+        data = _bytes_like(data, "RingSlot.write")
+        _uint(offset, 63, "RingSlot.write: offset")
+        if offset + len(data) > self.size:
             raise ValueError(f"bytes {offset}..{offset + len(data)} of a {self.size}-byte slot")
         self._live()
         ctypes.memmove(self.ptr + offset, data, len(data))
@@ -1011,14 +1022,15 @@ class Ring(_Handle):
 
     def _call(self, name, *args):
         """Calls `name` on the live ring, counted so that `free()` waits for it. Once `free()`
-        has begun, calls raise `Closed` (or `ValueError` once freed) without reaching the C
-        ring: `free()` waited only for the calls counted before it began, and destroys the ring
-        outside the lock."""
+        has begun, and after it, calls raise `Closed` without reaching the C ring (so that
+        `items()` and `produce` on other threads end as for a closed ring): `free()` waited only
+        for the calls counted before it began, and destroys the ring outside the lock."""
         with self._idle:
-            handle = self._live()
-            if self._closing:
+            handle = self.handle
+            if self._closing or handle is None:
                 status = self.lib.const.CUFERRY_STATUS_CLOSED
-                raise Closed(name, status, "CUFERRY_STATUS_CLOSED", "the ring is being freed")
+                what = "the ring was freed" if handle is None else "the ring is being freed"
+                raise Closed(name, status, "CUFERRY_STATUS_CLOSED", what)
             self._calls += 1
         try:
             return self.lib.call(name, handle, *args)
@@ -1031,15 +1043,22 @@ class Ring(_Handle):
         """Closes the ring, waits for the calls in progress on other threads, and destroys it
         (slot and item objects still held stay usable); idempotent."""
         with self._idle:
+            # Another thread freeing it: wait until it finished, or gave up (interrupted).
+            self._idle.wait_for(lambda: self.handle is None or not self._closing)
             handle = self.handle
-            if handle is None or self._closing:
-                # Freed, or another thread is freeing it: wait for that one to finish.
-                self._idle.wait_for(lambda: self.handle is None)
+            if handle is None:
                 return
             self._closing = True
-            self.lib.call("cuferry_ring_close", handle)
-            # The wait lets go of the lock: a second free() meanwhile sees `_closing`.
-            self._idle.wait_for(lambda: self._calls == 0)
+            try:
+                self.lib.call("cuferry_ring_close", handle)
+                # The wait lets go of the lock: a second free() meanwhile sees `_closing`.
+                self._idle.wait_for(lambda: self._calls == 0)
+            except BaseException:
+                # Interrupted (Ctrl-C): the ring stays live and closed; a later free() (or
+                # garbage collection) tries again instead of waiting for this one for good.
+                self._closing = False
+                self._idle.notify_all()
+                raise
         try:
             self.lib.call(self._free, handle)
         finally:
@@ -1287,8 +1306,9 @@ class HaloPacker(_Handle):
         return b"" if n == 0 else ctypes.string_at(ptr, n)
 
     def write_unpack(self, data):
-        """Fills the unpack buffer with `data`, exactly its size (host backend only)."""
-        data = bytes(data)
+        """Fills the unpack buffer with `data` (bytes-like), exactly its size (host backend
+        only)."""
+        data = _bytes_like(data, "HaloPacker.write_unpack")
         ptr, n = self._host_buffer(self.unpack_buffer)
         if len(data) != n:
             raise ValueError(f"{len(data)} bytes for a {n}-byte unpack buffer")
@@ -1351,8 +1371,9 @@ def _foreign_stream(other, device):
 
 
 def _address(ptr):
-    """The address of a `ManagedAllocation`, or `ptr` itself (an int)."""
-    return ptr._live() if isinstance(ptr, ManagedAllocation) else ptr
+    """The address of a `ManagedAllocation`, or `ptr` itself (an int below 2**64: ctypes would
+    wrap a negative or larger one to another address)."""
+    return ptr._live() if isinstance(ptr, ManagedAllocation) else _uint(ptr, 64, f"address {ptr!r}")
 
 
 def _device_of(ptr):
@@ -1388,6 +1409,8 @@ class ManagedAllocation(_Owned):
         # Resolved first: a bad stream raises here and leaves the memory allocated.
         raw = _raw_stream(stream, self.device)
         ptr, self.ptr = self.ptr, None
+        if isinstance(self._stream, Stream):
+            self._stream._live_allocations -= 1
         self.lib.raw.cuferry_managed_free(ptr, self.size, self.device, raw)
 
     def _finish(self):

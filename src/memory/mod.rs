@@ -10,9 +10,11 @@
 //!   There are two exceptions, both freed after the queued work by a background thread (see
 //!   the reaper's rules in `memory/reaper.rs`): the arrays of [`crate::linop`], so that
 //!   dropping an intermediate does not block while fewer than 1024 frees (4 GiB) wait; and
-//!   any buffer dropped (or `free`d, which then returns before the memory is freed) inside a
-//!   host stream's job with work still pending, where waiting could be for work queued
-//!   behind that job, which never runs. Once their work has finished, linop arrays' memory
+//!   a [`DeviceBuffer`] or [`PinnedBuffer`] dropped (or `free`d, which then returns before
+//!   the memory is freed) inside a host stream's job with work still pending, where waiting
+//!   could be for work queued behind that job, which never runs. A [`HostRegistration`] or a
+//!   managed buffer dropped there still waits (see [`Stream::host_fn`](crate::Stream::host_fn)
+//!   for what that wait does). Once their work has finished, linop arrays' memory
 //!   is kept in a cache for the next array of the same device and size class instead of
 //!   being freed: see [`release_cached_memory`] and [`set_cache_limits`].
 //! - Host access to pinned or registered memory goes through `as_slice`/`as_mut_slice`, which

@@ -268,7 +268,7 @@ for bad in (2**32 - 1, 2**31, -(2**31) - 1):
 # A stream whose last wait fails (a CUDA stream with live managed allocations waits before it
 # is destroyed) is destroyed all the same, and the wait's error is raised.
 failing = lib.stream(device)
-failing.device, failing._allocations = 0, {type("LiveAllocation", (), {"ptr": 1})()}
+failing.device, failing._live_allocations = 0, 1
 def wait_that_fails():  # noqa: E302
     raise RuntimeError("the stream's work failed")
 failing.synchronize = wait_that_fails
@@ -277,6 +277,70 @@ try:
     raise AssertionError("the failed wait was not raised")
 except RuntimeError:
     assert failing.handle is None, "a stream whose last wait failed was leaked"
+# A stream counts the managed allocations made on it and not freed (held strongly: weak
+# references would be cleared before its finalizer runs when a cycle is collected).
+with lib.stream(device) as counted:
+    allocation = lib.managed_alloc(device, 4096, counted)
+    assert counted._live_allocations == 1, counted._live_allocations
+    allocation.free()
+    allocation.free()
+    assert counted._live_allocations == 0, counted._live_allocations
+# Data that is not bytes-like, and offsets, sizes and addresses C would wrap, are refused.
+with lib.pinned(device, 16) as p:
+    for call in (lambda: p.write(5), lambda: p.write(True)):
+        try:
+            call()
+            raise AssertionError("an int was written as zero bytes")
+        except TypeError:
+            pass
+    for call in (lambda: p.read(True), lambda: p.read(4, -1), lambda: p.write(b"x", 2**64)):
+        try:
+            call()
+            raise AssertionError("a bool, negative or huge offset or size was taken")
+        except ValueError:
+            pass
+    for address in (p.ptr + 2**64, -1, True):
+        try:
+            lib.prefetch(address, 16, "host")
+            raise AssertionError(f"address {address!r} was wrapped into range")
+        except ValueError:
+            pass
+# A ring freed by another thread ends its consumers' loops and refuses producers (Closed), as
+# a closed ring does; a free() interrupted while it waits for calls in progress leaves the
+# ring live, and a later free() still frees it instead of waiting for the first for good.
+import threading  # noqa: E402
+with lib.stream(device) as consumer:
+    ring = lib.ring(device, 2, 4096)
+    ring.free()
+    assert list(ring.items(consumer, timeout=1)) == [], "a freed ring handed out items"
+    try:
+        ring.acquire(timeout=0)
+        raise AssertionError("a freed ring handed out a slot")
+    except cuferry.Closed:
+        pass
+
+    class Interrupting(threading.Condition):
+        """Raises KeyboardInterrupt from its second wait (free()'s wait for calls)."""
+        waits = 0
+
+        def wait_for(self, predicate, timeout=None):
+            Interrupting.waits += 1
+            if Interrupting.waits == 2:
+                raise KeyboardInterrupt
+            return super().wait_for(predicate, timeout)
+
+    ring = lib.ring(device, 2, 4096)
+    ring._idle = Interrupting()
+    try:
+        ring.free()
+        raise AssertionError("the interrupt was not raised")
+    except KeyboardInterrupt:
+        pass
+    assert ring.handle is not None and not ring._closing, "an interrupted free() left the ring stuck"
+    again = threading.Thread(target=ring.free, daemon=True)
+    again.start()
+    again.join(timeout=20)
+    assert not again.is_alive() and ring.handle is None, "a free() after an interrupted one hung"
 # Errors survive pickling and copying (a worker process's error reaches its parent whole).
 import copy  # noqa: E402
 import pickle  # noqa: E402
