@@ -801,13 +801,13 @@ class WrappedBuffer(Buffer):
         out = ctypes.c_void_p()
         try:
             lib.call("cuferry_buffer_wrap", device, address, nbytes, flags, ctypes.byref(out))
+            super().__init__(lib, out, host_readable)
         except BaseException:
             # An interrupt after the wrap succeeded: free it before letting go of the object
             # (a failed free keeps the object for good, as `free` does).
             self.handle = out if out.value is not None else None
             self.free()
             raise
-        super().__init__(lib, out, host_readable)
 
     def free(self):
         """Waits for the copies queued on the wrapper and lets go of the object; idempotent.
