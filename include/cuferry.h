@@ -10,6 +10,12 @@
  *   devices, so a caller that only reads the count sees none,
  *   `cuferry_stream_cuda_handle` writes NULL for a host-backend stream, and
  *   `cuferry_ring_produce_timeout` writes the count it published on every path.
+ * - A failed release that no call could return (a free or destroy whose wait for queued work
+ *   failed inside cuferry's own machinery, or a Rust drop in the same process) is reported
+ *   once, to the next wait on a stream in the process, on any thread
+ *   (`cuferry_stream_synchronize`, and the halo waits `cuferry_halo_synchronize`,
+ *   `cuferry_halo_pack_buffer` and `cuferry_halo_unpack_buffer`): `CUFERRY_STATUS_CUDA`,
+ *   with a message that begins "an earlier drop failed" and names the cause.
  * - No Rust panic crosses the boundary: each call catches it and returns
  *   `CUFERRY_STATUS_PANIC`.
  * - Devices are `int32_t`: `CUFERRY_HOST` (-1) is the host backend, 0.. are CUDA ordinals.
@@ -86,7 +92,9 @@
  *   until the packer is destroyed (its memory then goes back to a pool, and may serve
  *   another packer, zeroed first: a new packer's buffers hold zeros). The pack buffer's
  *   bytes are rewritten by the next `cuferry_halo_pack`: wait for sends from it (`MPI_Wait`)
- *   first.
+ *   first. The unpack buffer is read by a queued `cuferry_halo_unpack` until it has run:
+ *   refill it (or post a receive into it) only after `cuferry_halo_synchronize` or the next
+ *   `cuferry_halo_unpack_buffer` returned.
  * - A packer is used by one thread at a time.
  *
  * Managed memory (src/ffi/managed.rs):
@@ -818,7 +826,8 @@ enum CuferryStatus cuferry_halo_loopback(struct CuferryHaloPacker *packer);
  * # Safety
  *
  * `packer` is NULL or live; `ptr` and `bytes` are NULL or writable; the caller writes the
- * buffer only before queueing the unpack.
+ * buffer only before queueing the unpack, and again only after this call or
+ * `cuferry_halo_synchronize` returned (a queued unpack reads it until then).
  */
 enum CuferryStatus cuferry_halo_unpack_buffer(struct CuferryHaloPacker *packer,
                                               void **ptr,

@@ -23,7 +23,9 @@
 //!   until the packer is destroyed (its memory then goes back to a pool, and may serve
 //!   another packer, zeroed first: a new packer's buffers hold zeros). The pack buffer's
 //!   bytes are rewritten by the next `cuferry_halo_pack`: wait for sends from it (`MPI_Wait`)
-//!   first.
+//!   first. The unpack buffer is read by a queued `cuferry_halo_unpack` until it has run:
+//!   refill it (or post a receive into it) only after `cuferry_halo_synchronize` or the next
+//!   `cuferry_halo_unpack_buffer` returned.
 //! - A packer is used by one thread at a time.
 
 use std::ffi::c_void;
@@ -290,7 +292,8 @@ pub unsafe extern "C" fn cuferry_halo_loopback(packer: *mut CuferryHaloPacker) -
 /// # Safety
 ///
 /// `packer` is NULL or live; `ptr` and `bytes` are NULL or writable; the caller writes the
-/// buffer only before queueing the unpack.
+/// buffer only before queueing the unpack, and again only after this call or
+/// `cuferry_halo_synchronize` returned (a queued unpack reads it until then).
 #[no_mangle]
 pub unsafe extern "C" fn cuferry_halo_unpack_buffer(
     packer: *mut CuferryHaloPacker,

@@ -10,6 +10,12 @@
 //!   devices, so a caller that only reads the count sees none,
 //!   [`cuferry_stream_cuda_handle`] writes NULL for a host-backend stream, and
 //!   [`cuferry_ring_produce_timeout`] writes the count it published on every path.
+//! - A failed release that no call could return (a free or destroy whose wait for queued work
+//!   failed inside cuferry's own machinery, or a Rust drop in the same process) is reported
+//!   once, to the next wait on a stream in the process, on any thread
+//!   (`cuferry_stream_synchronize`, and the halo waits `cuferry_halo_synchronize`,
+//!   `cuferry_halo_pack_buffer` and `cuferry_halo_unpack_buffer`): `CUFERRY_STATUS_CUDA`,
+//!   with a message that begins "an earlier drop failed" and names the cause.
 //! - No Rust panic crosses the boundary: each call catches it and returns
 //!   `CUFERRY_STATUS_PANIC`.
 //! - Devices are `int32_t`: [`CUFERRY_HOST`] (-1) is the host backend, 0.. are CUDA ordinals.
