@@ -8,7 +8,14 @@
 //!   device slot, and so for the consumer's queued work), it blocks, times out
 //!   ([`Error::Timeout`]: [`SlotRing::acquire_timeout`]'s deadline bounds both waits) or, for
 //!   [`SlotRing::try_acquire`], returns [`Error::WouldBlock`]: that is the ring's
-//!   backpressure.
+//!   backpressure. Free host slots are taken in the order they came back, so a producer may
+//!   wait for the oldest one's upload while a later-returned one (abandoned, or given back by
+//!   a failed submit) is already idle; the copy stream would upload behind that upload anyway.
+//! - A ring's consumer calls ([`SlotRing::next`], [`ConsumerSlot::host_bytes`]) and
+//!   producer waits must not run inside a job ([`Stream::host_fn`]) of a consumer's stream:
+//!   the upload they wait for may wait, through the copy stream, for a consumed point queued
+//!   behind that job, which then never runs (the same-stream refusal of `host_fn` does not
+//!   see through the copy stream).
 //! - [`ProducerSlot::publish`] queues the upload and puts the slot in the FIFO; the host slot
 //!   goes back at once (it is rewritten only after its upload finished), the device slot when
 //!   the consumer releases it. A producer slot dropped unpublished returns both slots: a torn
